@@ -1,0 +1,87 @@
+"""The launcher: bad input stops before any rank starts; timeouts and interrupts leave no rank behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import procs_mentioning
+
+from zckpt_nb.launch import LaunchTimeout, launch
+
+CLI = [sys.executable, "-m", "zckpt_nb", "train"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nproc", "0"], "--nproc must be at least 1"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--resume"], "no checkpoint"),
+    (["--model", "huge"], "invalid choice"),
+    (["--no_such_flag"], "unrecognized arguments"),
+])
+def test_bad_input_fails_fast_with_one_line(tmp_path, args, message):
+    out = tmp_path / "out"
+    start = time.monotonic()
+    done = run_cli("--output_dir", str(out), *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert done.stderr.strip().splitlines()[-1].count("error") == 1
+    assert not out.exists(), "nothing may be created before the input is known good"
+    assert time.monotonic() - start < 60  # no rank started (a launch takes longer than the import)
+
+
+def test_unwritable_output_dir_is_refused(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        done = run_cli("--output_dir", str(ro / "run"))
+        assert done.returncode == 2 and "cannot be written" in done.stderr
+    finally:
+        subprocess.run(["umount", str(ro)])
+
+
+def test_output_dir_under_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    done = run_cli("--output_dir", str(tmp_path / "file" / "run"))
+    assert done.returncode == 2 and "is a file" in done.stderr
+
+
+def test_timeout_kills_every_rank_and_shows_their_last_lines(tmp_path):
+    out = tmp_path / "slow"
+    with pytest.raises(LaunchTimeout) as err:
+        launch(2, 1_000_000, out, timeout=20, verbose=False, progress=False)
+    text = str(err.value)
+    assert "timed out" in text and str(out) in text
+    assert "last lines of rank 0" in text and "last lines of rank 1" in text
+    time.sleep(1)
+    assert procs_mentioning(str(out)) == []
+
+
+def test_interrupting_the_caller_leaves_no_orphan_rank(tmp_path):
+    out = tmp_path / "interrupted"
+    script = ("from zckpt_nb.launch import launch\n"
+              f"launch(2, 1_000_000, {str(out)!r}, timeout=300, progress=False)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    for line in proc.stdout:  # wait until rank 0 is really training
+        if "[rank 0] step 1/" in line:
+            break
+    assert len(procs_mentioning(str(out))) >= 3  # torchrun and two ranks
+    proc.send_signal(signal.SIGINT)  # what Jupyter's "interrupt kernel" sends
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 15
+    while procs_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert procs_mentioning(str(out)) == []
+    assert proc.returncode != 0
+    assert Path(out, "launch.log").is_file() and os.path.getsize(Path(out, "launch.log")) > 0

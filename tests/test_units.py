@@ -1,0 +1,70 @@
+"""Fast checks of the pieces that need no distributed job."""
+
+import math
+
+import pytest
+
+from zckpt_nb import data
+from zckpt_nb.launch import Progress, UsageError, check_train_args, label
+from zckpt_nb.model import PRESETS, ds_config, get_preset, ln_vocab, param_count
+
+
+def test_presets_count_parameters_without_building_weights():
+    sizes = {name: param_count(name) for name in PRESETS}
+    assert sizes["tiny"] < 1_000_000 < sizes["small"] < sizes["medium"] < sizes["large"]
+    assert sizes["medium"] >= 50_000_000, "issue 3/5 need one preset of at least 50M parameters"
+
+
+def test_ds_config_is_zero3_with_every_parameter_partitioned():
+    cfg = ds_config("tiny", steps=10)
+    assert cfg["zero_optimization"]["stage"] == 3
+    assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+    assert ds_config("tiny", steps=10, bf16=True)["bf16"]["enabled"] is True
+
+
+def test_unknown_preset_names_the_known_ones():
+    with pytest.raises(ValueError, match="tiny"):
+        get_preset("huge")
+
+
+def test_tokenizer_is_deterministic_and_roundtrips_corpus_text():
+    a, b = data.train_tokenizer(1024), data.train_tokenizer(1024)
+    assert a.get_vocab() == b.get_vocab()
+    text = "The keeper wrote one line in a thick book."
+    assert a.decode(a(text)["input_ids"]) == text
+
+
+def test_batches_depend_only_on_seed_step_and_rank():
+    tokens = data.encode_corpus(data.train_tokenizer(1024))
+    kw = {"seed": 0, "batch": 4, "seq_len": 16}
+    same = data.batch_for_step(tokens, step=3, rank=0, **kw), data.batch_for_step(tokens, step=3, rank=0, **kw)
+    assert (same[0] == same[1]).all()
+    assert not (same[0] == data.batch_for_step(tokens, step=3, rank=1, **kw)).all()
+    assert not (same[0] == data.batch_for_step(tokens, step=4, rank=0, **kw)).all()
+
+
+def test_ln_vocab():
+    assert ln_vocab("tiny") == pytest.approx(math.log(1024))
+
+
+def test_torchrun_prefixes_become_rank_labels():
+    assert label("[default1]:[rank1]: Traceback") == ("rank 1", " Traceback")
+    assert label("[default0]:step 3/10 loss 1.0") == ("rank 0", "step 3/10 loss 1.0")
+    assert label("W1121 something") == ("launcher", "W1121 something")
+
+
+def test_progress_bar_follows_rank0_steps(capsys):
+    p = Progress("job", show_lines=True, show_bar=True)
+    for k in range(1, 21):
+        p.line("rank 0", f"step {k}/20 loss 1.0")
+    p.line("rank 1", "step 99/20 loss 1.0")  # only rank 0 drives the bar
+    assert p.bar.n == 20
+    p.close()
+    printed = capsys.readouterr().out
+    assert "[rank 0] step 20/20" in printed and "[rank 0] step 3/20" not in printed  # every step is in the bar
+
+
+def test_more_gpu_ranks_than_gpus_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr("zckpt_nb.launch.gpu_count", lambda: 1)  # pretend: this machine has one GPU
+    with pytest.raises(UsageError, match="more GPU ranks than the 1 GPU"):
+        check_train_args(2, 10, tmp_path, resume=False, model="tiny")

@@ -1,0 +1,115 @@
+"""Partitioned ZeRO-3 checkpoints, saved and resumed the right way.
+
+The seed's snippet guards the whole save with `if dist.get_rank() == 0:`. Under ZeRO-3 that hangs:
+`engine.save_checkpoint` is collective (every rank writes its own shard and joins barriers), so
+rank 0 waits forever for ranks that never arrive. The guard belongs around what only one process
+should do: creating the directory and writing the tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+CLIENT_KEY = "zckpt"  # our entry inside DeepSpeed's client_state
+
+
+def latest_tag(ckpt_dir: str | Path) -> str | None:
+    """The tag DeepSpeed's `latest` file names, or None when there is no checkpoint."""
+    path = Path(ckpt_dir) / "latest"
+    return path.read_text().strip() if path.is_file() else None
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random state this rank's next step depends on (dropout draws from torch's)."""
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured."""
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def client_state(step: int, seed: int) -> dict[str, Any]:
+    """What exact resumption needs beyond DeepSpeed's own state: the data position and RNG states.
+
+    Under ZeRO-3 every rank writes its own `zero_pp_rank_{r}_..._model_states.pt` holding this dict,
+    so each rank gets back its own RNG state on load.
+    """
+    return {CLIENT_KEY: {"step": step, "seed": seed, "rng": rng_state()}}
+
+
+def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state: dict[str, Any]) -> float:
+    """Save a partitioned checkpoint from *every* rank; returns this rank's seconds spent saving."""
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    if dist.get_rank() == 0:  # one process creates the directory and writes the tokenizer ...
+        os.makedirs(output_dir, exist_ok=True)
+        tokenizer.save_pretrained(str(output_dir))
+    dist.barrier()
+    engine.save_checkpoint(str(output_dir), client_state=state)  # ... but every rank saves its shard
+    return time.perf_counter() - start
+
+
+def resume(engine: Any, output_dir: str | Path) -> dict[str, Any]:
+    """Load model, optimizer, scheduler and our client state from `latest`; restore this rank's RNG."""
+    path, state = engine.load_checkpoint(str(output_dir))
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint to resume from in {output_dir} (no 'latest' file)")
+    ours = state[CLIENT_KEY]
+    set_rng_state(ours["rng"])
+    return ours
+
+
+def rank_files(output_dir: str | Path, tag: str, rank: int) -> list[dict[str, Any]]:
+    """The files rank `rank` wrote for checkpoint `tag`, with their sizes in bytes, read from disk."""
+    root = Path(output_dir)
+    paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))
+    if rank == 0:
+        shared = ["latest", "zero_to_fp32.py", "zero_to_torch.py", "tokenizer.json", "tokenizer_config.json"]
+        paths += [root / name for name in shared if (root / name).is_file()]
+    return [{"path": str(p.relative_to(root)), "bytes": p.stat().st_size} for p in paths]
+
+
+def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
+    """Copy checkpoint `tag` (and the tokenizer beside it) into a fresh `dst` whose `latest` names it."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src / tag, dst / tag)
+    for name in ("tokenizer.json", "tokenizer_config.json", "zero_to_fp32.py"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    (dst / "latest").write_text(tag)
+    return dst
+
+
+def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> Path:
+    """Run the `zero_to_fp32.py` DeepSpeed copied into `ckpt_dir`, as a user would; returns `out_dir`."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"zero_to_fp32.py failed on {ckpt_dir}: {done.stderr.strip().splitlines()[-1]}")
+    return Path(out_dir)

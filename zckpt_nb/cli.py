@@ -1,0 +1,81 @@
+"""`python -m zckpt_nb COMMAND ...`: the same functions the notebooks call, from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from zckpt_nb.launch import LaunchError, UsageError
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from zckpt_nb.launch import launch
+
+    run = launch(args.nproc, args.steps, args.output_dir, save_checkpoint=args.save_checkpoint,
+                 save_every=args.save_every, resume=args.resume, model=args.model, seed=args.seed,
+                 timeout=args.timeout, extra=["--dtype", args.dtype])
+    first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
+    print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
+          f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
+          f"run.json in {run.output_dir}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from zckpt_nb.inspect import format_inspection, inspect_checkpoint, inspection_json
+
+    try:
+        info = inspect_checkpoint(args.ckpt_dir, args.tag)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    print(inspection_json(info) if args.json else format_inspection(info))
+    return 0
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    from zckpt_nb.notebooks import run_all
+
+    failures = run_all(Path(args.notebooks), Path(args.build), only=args.only)
+    return 1 if failures else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from zckpt_nb.train import add_train_args
+
+    parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = add_train_args(sub.add_parser("train", help="train with ZeRO-3 on N ranks (CPU or GPU)"))
+    train.add_argument("--nproc", type=int, default=2, help="ranks: one per GPU, else CPU processes")
+    train.add_argument("--timeout", type=float, default=1800, help="kill every rank after this many seconds")
+    train.set_defaults(func=cmd_train)
+
+    insp = sub.add_parser("inspect", help="per-rank files, sizes and partition sizes of a checkpoint")
+    insp.add_argument("ckpt_dir")
+    insp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
+    insp.add_argument("--json", action="store_true")
+    insp.set_defaults(func=cmd_inspect)
+
+    nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
+    nbs.add_argument("--notebooks", default="notebooks")
+    nbs.add_argument("--build", default="build")
+    nbs.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01 02")
+    nbs.set_defaults(func=cmd_notebooks)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"zckpt_nb {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except LaunchError as e:
+        print(f"zckpt_nb {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"zckpt_nb {args.command}: interrupted; every rank was stopped", file=sys.stderr)
+        return 130

@@ -1,0 +1,57 @@
+"""The shipped corpus, the byte-level BPE tokenizer trained on it at run time, and deterministic batches.
+
+Batches are a pure function of (seed, step, rank): the "data position" a resume needs is the step.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+EOS = "<|endoftext|>"
+
+
+def corpus_text() -> str:
+    """The small English corpus shipped with the package (original text, CC0; see data/LICENSE)."""
+    return files("zckpt_nb").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+
+
+def train_tokenizer(vocab_size: int) -> Any:
+    """Train a byte-level BPE tokenizer on the corpus and wrap it for `save_pretrained`."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus_text().split("\n\n"), vocab_size=vocab_size,
+                            special_tokens=[EOS], show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS,
+                                   pad_token=EOS, model_max_length=1_000_000)
+
+
+def load_or_train_tokenizer(output_dir: str | Path, vocab_size: int) -> Any:
+    """Reuse the tokenizer saved beside a checkpoint (on resume) or train a fresh one."""
+    from transformers import AutoTokenizer
+
+    if (Path(output_dir) / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(output_dir))
+    return train_tokenizer(vocab_size)
+
+
+def encode_corpus(tokenizer: Any) -> Any:
+    """The whole corpus as one 1-D LongTensor of token ids, paragraphs separated by EOS."""
+    import torch
+
+    ids: list[int] = []
+    for paragraph in corpus_text().split("\n\n"):
+        ids += tokenizer(paragraph.strip())["input_ids"] + [tokenizer.eos_token_id]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def batch_for_step(tokens: Any, *, step: int, rank: int, seed: int, batch: int, seq_len: int) -> Any:
+    """Random windows of the corpus for this (step, rank): the same call always gives the same batch."""
+    import torch
+
+    g = torch.Generator().manual_seed(((seed * 1_000_003) + step) * 4099 + rank)
+    starts = torch.randint(0, len(tokens) - seq_len, (batch,), generator=g)
+    return torch.stack([tokens[s : s + seq_len] for s in starts.tolist()])

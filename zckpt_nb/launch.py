@@ -1,0 +1,288 @@
+"""Run a job on N ranks from a notebook cell (or the shell) through the real `torchrun` launcher.
+
+Why a subprocess and not `torch.multiprocessing.spawn`: spawn cannot pickle functions defined in a
+notebook, and a multi-GPU DeepSpeed job needs a real launcher anyway. The launcher runs in its own
+session; on a timeout, an error or a kernel interrupt we kill it *and every descendant* (torchrun
+starts each worker in a session of its own, so killing one process group is not enough).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.checkpoint import latest_tag
+from zckpt_nb.model import get_preset
+
+_PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]:)?")
+_STEP = re.compile(r"^step (\d+)/(\d+) ")
+
+
+class UsageError(ValueError):
+    """Bad input, found before any rank starts."""
+
+
+class LaunchError(RuntimeError):
+    """The job started but failed; the message holds the last lines of every rank."""
+
+
+class LaunchTimeout(LaunchError):
+    """The job ran past its timeout and was killed with all its ranks."""
+
+
+@dataclass
+class RunResult:
+    """What a training launch measured: `run.json` as an object, plus the launcher's own view."""
+
+    output_dir: Path
+    world_size: int
+    backend: str
+    device: str
+    num_params: int
+    vocab_size: int
+    steps: list[int]
+    losses: list[float]
+    ranks: list[dict[str, Any]]
+    data: dict[str, Any]
+    log: list[str] = field(repr=False)
+    launch_seconds: float
+
+    @classmethod
+    def from_dir(cls, output_dir: Path, log: list[str], seconds: float) -> RunResult:
+        """Read `output_dir/run.json` written by rank 0."""
+        data = json.loads((output_dir / "run.json").read_text())
+        keys = ["world_size", "backend", "device", "num_params", "vocab_size", "steps", "losses", "ranks"]
+        return cls(output_dir, **{k: data[k] for k in keys}, data=data, log=log, launch_seconds=seconds)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for the rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gpu_count() -> int:
+    """CUDA GPUs visible to this process (0 on CPU-only machines or with DS_ACCELERATOR=cpu)."""
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_writable(output_dir: Path) -> None:
+    """Raise UsageError unless `output_dir` exists as a writable folder or can be created."""
+    probe = output_dir
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"output dir {output_dir} cannot be created: {probe} is a file; choose another --output_dir")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"output dir {output_dir} cannot be written ({probe} is read-only or not yours); "
+                         "choose another --output_dir")
+
+
+def check_train_args(nproc: int, steps: int, output_dir: Path, *, resume: bool, model: str,
+                     save_every: int = 0, timeout: float = 600) -> None:
+    """Reject bad training input with one clear line, before any rank starts."""
+    if nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {nproc})")
+    gpus = gpu_count()
+    if gpus and nproc > gpus:
+        raise UsageError(f"--nproc {nproc} asks for more GPU ranks than the {gpus} GPU(s) here; use --nproc {gpus}")
+    if steps < 1 or save_every < 0 or timeout <= 0:
+        raise UsageError(f"--steps must be >= 1, --save_every >= 0 and --timeout > 0 "
+                         f"(got {steps}, {save_every}, {timeout})")
+    try:
+        get_preset(model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    check_writable(output_dir)
+    if resume and latest_tag(output_dir) is None:
+        raise UsageError(f"--resume: no checkpoint in {output_dir} (no 'latest' file); "
+                         "train with --save_checkpoint first or point --output_dir at a checkpoint folder")
+
+
+def worker_env(nproc: int) -> dict[str, str]:
+    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not gpu_count():
+        env["DS_ACCELERATOR"] = "cpu"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
+
+
+def torchrun_command(module: str, args: list[str], nproc: int, log_dir: str) -> list[str]:
+    """The torchrun command line; `--tee 3` makes it prefix every line with the local rank."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+            "--tee", "3", "--log-dir", log_dir, "-m", module, *args]
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Terminate the launcher and every process below it; SIGKILL whatever outlives `grace` seconds."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
+def read_lines(proc: subprocess.Popen, deadline: float) -> Iterator[str]:
+    """Yield the job's output lines as they come; raise TimeoutError once `deadline` passes."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        try:
+            line = lines.get(timeout=min(left, 0.25))
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        yield line
+
+
+def label(line: str) -> tuple[str, str]:
+    """Split torchrun's `[defaultN]:` prefix off a line: ('rank N', text) or ('launcher', line)."""
+    m = _PREFIX.match(line)
+    return (f"rank {m.group(1)}", line[m.end():]) if m else ("launcher", line)
+
+
+class Progress:
+    """A tqdm.auto bar that follows rank 0's `step k/n` lines and prints every line above it."""
+
+    def __init__(self, name: str, show_lines: bool, show_bar: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self._tqdm, self.bar, self.show_lines, self.show_bar, self.name = tqdm, None, show_lines, show_bar, name
+
+    def line(self, who: str, text: str) -> None:
+        m = _STEP.match(text) if who == "rank 0" else None
+        quiet_step = False
+        if m:
+            done, total = int(m.group(1)), int(m.group(2))
+            quiet_step = done % max(1, total // 10) != 0 and done not in (1, total)  # the bar shows every step
+            if self.show_bar:
+                if self.bar is None:
+                    self.bar = self._tqdm(total=total, initial=done - 1, desc=self.name, unit="step")
+                self.bar.update(done - self.bar.n)
+        if self.show_lines and not quiet_step:
+            self._tqdm.write(f"[{who}] {text}", file=sys.stdout)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def tails(per_rank: dict[str, deque]) -> str:
+    """The last lines of every rank, for an error message."""
+    return "\n".join(f"--- last lines of {who} ---\n" + "\n".join(lines) for who, lines in sorted(per_rank.items()))
+
+
+def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, name: str,
+                  log_path: Path | None = None, verbose: bool = True, progress: bool = True,
+                  on_line: Callable[[str, str], None] | None = None) -> tuple[list[str], float]:
+    """Run `python -m module args` on `nproc` ranks; return (all output lines, seconds). Never hangs."""
+    log: list[str] = []
+    per_rank: dict[str, deque] = defaultdict(lambda: deque(maxlen=12))
+    shown = Progress(name, verbose, progress)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="zckpt_torchrun_") as log_dir:
+        proc = subprocess.Popen(torchrun_command(module, args, nproc, log_dir), env=worker_env(nproc),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                start_new_session=True)
+        try:
+            for raw in read_lines(proc, start + timeout):
+                who, text = label(raw)
+                log.append(f"[{who}] {text}")
+                per_rank[who].append(text)
+                shown.line(who, text)
+                if on_line:
+                    on_line(who, text)
+            proc.wait()
+        except TimeoutError:
+            kill_tree(proc)
+            raise LaunchTimeout(f"job '{name}' timed out after {timeout:.0f} s; all ranks were killed\n"
+                                + tails(per_rank)) from None
+        finally:
+            shown.close()
+            if proc.poll() is None:  # KeyboardInterrupt or any other exit path: leave no orphan rank
+                kill_tree(proc)
+            if log_path is not None and log_path.parent.is_dir():
+                log_path.write_text("\n".join(log) + "\n")
+    if proc.returncode != 0:
+        raise LaunchError(f"job '{name}' failed (exit code {proc.returncode})\n" + tails(per_rank))
+    return log, time.monotonic() - start
+
+
+def train_args(steps: int, output_dir: Path, *, save_checkpoint: bool, save_every: int, resume: bool,
+               model: str, seed: int, extra: list[str]) -> list[str]:
+    """The worker's command-line flags for one training launch."""
+    args = ["--steps", str(steps), "--output_dir", str(output_dir), "--model", model, "--seed", str(seed),
+            "--save_every", str(save_every)]
+    args += ["--save_checkpoint"] if save_checkpoint else []
+    args += ["--resume"] if resume else []
+    return args + extra
+
+
+def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny", *, save_checkpoint: bool = False,
+           save_every: int = 0, resume: bool = False, model: str = "tiny", seed: int = 0, timeout: float = 600,
+           extra: list[str] | None = None, verbose: bool = True, progress: bool = True) -> RunResult:
+    """Train `model` with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements."""
+    output_dir = Path(output_dir).resolve()
+    check_train_args(nproc, steps, output_dir, resume=resume, model=model, save_every=save_every, timeout=timeout)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
+    args = train_args(steps, output_dir, save_checkpoint=save_checkpoint, save_every=save_every,
+                      resume=resume, model=model, seed=seed, extra=extra or [])
+    name = f"train {model} on {nproc} rank(s) -> {output_dir}"
+    log, seconds = launch_module("zckpt_nb.train", args, nproc=nproc, timeout=timeout, name=name,
+                                 log_path=output_dir / "launch.log", verbose=verbose, progress=progress)
+    return RunResult.from_dir(output_dir, log, seconds)
+
+
+def fresh_dir(path: str | Path) -> Path:
+    """Empty (or create) `path` so a notebook re-run starts from nothing; returns it resolved."""
+    path = Path(path).resolve()
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path

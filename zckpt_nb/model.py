@@ -1,0 +1,136 @@
+"""Model presets, the ZeRO-3 DeepSpeed config they train with, and building the model under ZeRO-3.
+
+The model is a GPT-2 style causal LM built from a `transformers` config (no hub download). Every
+number a notebook shows about "P parameters" starts from these presets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Shape of one GPT-2 style model and the batch it trains with."""
+
+    vocab_size: int
+    n_positions: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    micro_batch: int
+    seq_len: int
+    lr: float
+
+
+PRESETS: dict[str, Preset] = {
+    # ~0.3M parameters: trains on 2 CPU ranks in seconds, loss falls well below ln(vocab)/2.
+    "tiny": Preset(1024, 64, 96, 2, 4, micro_batch=8, seq_len=64, lr=3e-3),
+    # ~3.5M parameters: a CPU run of a few minutes.
+    "small": Preset(2048, 128, 256, 4, 4, micro_batch=8, seq_len=128, lr=1e-3),
+    # ~56M parameters: the ">= 50M" preset for measuring save costs on CPU; comfortable on a GPU.
+    "medium": Preset(8192, 256, 768, 7, 12, micro_batch=4, seq_len=128, lr=3e-4),
+    # ~160M parameters: GPU only in practice.
+    "large": Preset(8192, 512, 1024, 12, 16, micro_batch=8, seq_len=256, lr=3e-4),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Return the preset called `name`, or raise a ValueError that lists the known ones."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def gpt2_config(name: str) -> Any:
+    """Build the `transformers.GPT2Config` for preset `name`."""
+    from transformers import GPT2Config
+
+    p = get_preset(name)
+    return GPT2Config(
+        vocab_size=p.vocab_size,
+        n_positions=p.n_positions,
+        n_embd=p.n_embd,
+        n_layer=p.n_layer,
+        n_head=p.n_head,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+
+
+def ln_vocab(name: str) -> float:
+    """The loss of a uniform guess over the preset's vocabulary: what step 0 should show."""
+    return math.log(get_preset(name).vocab_size)
+
+
+def ds_config(
+    name: str,
+    *,
+    steps: int,
+    bf16: bool = False,
+    gather_16bit_on_save: bool = False,
+    comms_logger: bool = False,
+) -> dict[str, Any]:
+    """The DeepSpeed ZeRO-3 config for preset `name` (one JSON-able dict, nothing hidden)."""
+    p = get_preset(name)
+    return {
+        "train_micro_batch_size_per_gpu": p.micro_batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        # torch_adam: DeepSpeed's FusedAdam needs CUDA; torch's AdamW runs on CPU ranks and GPUs alike
+        # and gives bit-identical results on resume.
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": p.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01,
+                       "torch_adam": True},
+        },
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": p.lr,
+                       "warmup_num_steps": max(1, steps // 10), "total_num_steps": max(2, steps)},
+        },
+        "bf16": {"enabled": bf16},
+        "zero_optimization": {
+            "stage": 3,
+            # 0: every parameter is partitioned, however small, so each rank holds exactly its P/N share.
+            "stage3_param_persistence_threshold": 0,
+            "stage3_gather_16bit_weights_on_model_save": gather_16bit_on_save,
+            "overlap_comm": False,
+        },
+        "comms_logger": {"enabled": comms_logger, "verbose": False, "prof_all": True, "debug": False},
+    }
+
+
+def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
+    """Build preset `name` partitioned across ranks; returns (model, the live HfDeepSpeedConfig).
+
+    Under transformers 5 the HfDeepSpeedConfig must be alive *before* `from_config`: transformers
+    then builds inside `deepspeed.zero.Init` and runs its own weight init on the partitioned tensors.
+    A bare `deepspeed.zero.Init()` context skips that init (step-0 loss ~41 instead of ln(vocab)).
+    Keep the returned config object referenced for as long as the engine lives.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+
+    hf_ds_config = HfDeepSpeedConfig(config)
+    model = AutoModelForCausalLM.from_config(gpt2_config(name))
+    return model, hf_ds_config
+
+
+def count_params(model: Any) -> int:
+    """Number of distinct parameter elements (tied weights once), whether or not ZeRO-3 partitioned them."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def param_count(name: str) -> int:
+    """P for preset `name`, counted on the meta device: no memory, no DeepSpeed, no training."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(gpt2_config(name))
+    return count_params(model)

@@ -1,0 +1,172 @@
+"""The training worker: one process per rank, started by `zckpt_nb.launch` through torchrun.
+
+Read it top to bottom: arguments, distributed set-up, tokenizer and data, the ZeRO-3 engine,
+an optional resume, the training loop with periodic partitioned saves, then `run.json`.
+Run by hand with: torchrun --nproc_per_node 2 -m zckpt_nb.train --steps 50 --output_dir out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import resource
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb import checkpoint
+from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset
+
+
+def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags the worker understands; the `train` CLI adds launcher flags on top of these."""
+    parser.add_argument("--steps", type=int, default=150, help="train until this step count")
+    parser.add_argument("--output_dir", required=True, help="where checkpoints and run.json go")
+    parser.add_argument("--save_checkpoint", action="store_true", help="save a partitioned checkpoint at the end")
+    parser.add_argument("--save_every", type=int, default=0, help="also save every K steps (0: never)")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint 'latest' names")
+    parser.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="auto: bf16 on GPUs, fp32 on CPU ranks")
+    return parser
+
+
+def setup_distributed() -> tuple[str, str]:
+    """Join the process group: NCCL with one GPU per rank, else gloo on CPU ranks. Returns (backend, device)."""
+    import deepspeed
+    import torch
+
+    on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
+    backend = "nccl" if on_gpu else "gloo"
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    timeout = timedelta(seconds=float(os.environ.get("ZCKPT_COLLECTIVE_TIMEOUT", 600)))
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    return backend, (f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu")
+
+
+def seed_everything(seed: int) -> None:
+    """Same seed on every rank, so every rank builds the same initial model."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def peak_memory_bytes(device: str) -> int:
+    """This rank's peak memory: allocated GPU memory on GPUs, the process's max RSS on CPU."""
+    import torch
+
+    if device.startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def mean_over_ranks(value: float, device: str) -> float:
+    """The loss averaged over ranks (each rank sees different data), identical on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Collect one small dict from every rank onto every rank (for run.json)."""
+    import torch.distributed as dist
+
+    records: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(records, record)
+    return records
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = add_train_args(argparse.ArgumentParser(prog="zckpt_nb.train")).parse_args(argv)
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    import transformers
+
+    from zckpt_nb import data
+
+    # Keep the streamed log readable: library deprecation chatter is not what the notebooks teach.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+    wall_start = time.perf_counter()
+    backend, device = setup_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seed_everything(args.seed)
+    preset = get_preset(args.model)
+    bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
+
+    # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
+    tokenizer = data.load_or_train_tokenizer(args.output_dir if args.resume else "", preset.vocab_size)
+    tokens = data.encode_corpus(tokenizer)
+
+    # The model is built partitioned: no rank ever holds all of it.
+    config = ds_config(args.model, steps=args.steps, bf16=bf16)
+    model, _hf_ds_config = build_model(args.model, config)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+
+    start_step = 0
+    if args.resume:
+        start_step = checkpoint.resume(engine, args.output_dir)["step"]
+        if rank == 0:
+            print(f"resumed from {checkpoint.latest_tag(args.output_dir)} at step {start_step}", flush=True)
+
+    steps, losses, save_seconds, saves = [], [], 0.0, []
+    engine.train()
+    for step in range(start_step, args.steps):
+        batch = data.batch_for_step(tokens, step=step, rank=rank, seed=args.seed,
+                                    batch=preset.micro_batch, seq_len=preset.seq_len).to(device)
+        loss = engine(input_ids=batch, attention_mask=torch.ones_like(batch), labels=batch).loss
+        engine.backward(loss)
+        engine.step()
+        steps.append(step)
+        losses.append(mean_over_ranks(loss.item(), device))
+        if rank == 0:  # the launcher parses these lines for its progress bar
+            print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
+        done = step + 1
+        if (args.save_every and done % args.save_every == 0) or (args.save_checkpoint and done == args.steps):
+            seconds = checkpoint.save_partitioned(engine, tokenizer, args.output_dir,
+                                                  checkpoint.client_state(done, args.seed))
+            save_seconds += seconds
+            saves.append({"tag": f"global_step{done}", "step": done, "seconds": seconds})
+            if rank == 0:
+                print(f"saved checkpoint global_step{done} in {seconds:.2f} s", flush=True)
+
+    tag = checkpoint.latest_tag(args.output_dir) if saves else None
+    records = gather_rank_records({
+        "rank": rank,
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "save_seconds": save_seconds,
+        "saves": saves,
+        "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
+    })
+    if rank == 0:
+        run = {
+            "world_size": world, "backend": backend, "device": device, "model": args.model,
+            "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": count_params(engine.module),
+            "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
+            "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
+            "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
+            "ranks": records,
+        }
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "run.json").write_text(json.dumps(run, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
