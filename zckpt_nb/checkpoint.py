@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import random
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,22 +55,29 @@ def client_state(step: int, seed: int) -> dict[str, Any]:
     return {CLIENT_KEY: {"step": step, "seed": seed, "rng": rng_state()}}
 
 
-def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state: dict[str, Any]) -> float:
-    """Save a partitioned checkpoint from *every* rank; returns this rank's seconds spent saving."""
+def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state: dict[str, Any], *,
+                     keep_last: int = 0, identity: dict[str, Any] | None = None) -> Any:
+    """Save a partitioned checkpoint from *every* rank through the commit protocol; returns its `SaveOutcome`.
+
+    `.seconds` is this rank's time spent saving; `.committed` is False (on every rank) when any rank
+    failed, with `.error` saying which rank, what and where. See `zckpt_nb.commit`.
+    """
     import torch.distributed as dist
 
-    start = time.perf_counter()
+    from zckpt_nb import commit
+
+    step = state[CLIENT_KEY]["step"]
+    tag, prepare = f"global_step{step}", None
     if dist.get_rank() == 0:  # one process creates the directory and writes the tokenizer ...
-        os.makedirs(output_dir, exist_ok=True)
-        tokenizer.save_pretrained(str(output_dir))
-    dist.barrier()
-    engine.save_checkpoint(str(output_dir), client_state=state)  # ... but every rank saves its shard
-    return time.perf_counter() - start
+        prepare = partial(commit.prepare_folder, output_dir, tag, tokenizer.save_pretrained)
+    # ... but every rank saves its shard, and the checkpoint counts once every rank's shard is on disk
+    return commit.save(engine, output_dir, tag, state, step=step, identity=identity or {}, keep_last=keep_last,
+                       prepare=prepare)
 
 
-def resume(engine: Any, output_dir: str | Path) -> dict[str, Any]:
-    """Load model, optimizer, scheduler and our client state from `latest`; restore this rank's RNG."""
-    path, state = engine.load_checkpoint(str(output_dir))
+def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
+    """Load model, optimizer, scheduler and our client state from `tag` (default `latest`); restore this rank's RNG."""
+    path, state = engine.load_checkpoint(str(output_dir), tag=tag)
     if path is None:
         raise FileNotFoundError(f"no checkpoint to resume from in {output_dir} (no 'latest' file)")
     ours = state[CLIENT_KEY]
@@ -103,12 +110,19 @@ def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
 
 
 def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> Path:
-    """Run the `zero_to_fp32.py` DeepSpeed copied into `ckpt_dir`, as a user would; returns `out_dir`."""
+    """Run the `zero_to_fp32.py` DeepSpeed copied into `ckpt_dir`, as a user would; returns `out_dir`.
+
+    Only the newest committed checkpoint is converted, after every file was checked against its manifest.
+    """
     import subprocess
     import sys
 
+    from zckpt_nb.verify import tag_to_resume, verify_tag
+
+    tag, _ = tag_to_resume(ckpt_dir)
+    verify_tag(ckpt_dir, tag)
     env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
-    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir)]
+    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--tag", tag]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"zero_to_fp32.py failed on {ckpt_dir}: {done.stderr.strip().splitlines()[-1]}")

@@ -33,6 +33,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from zckpt_nb.verify import CheckpointError, describe, verify
+
+    try:
+        manifest = verify(args.ckpt_dir, args.tag)
+    except CheckpointError as e:
+        print(f"zckpt_nb verify: bad checkpoint: {e}", file=sys.stderr)
+        return 1
+    print(describe(manifest))
+    return 0
+
+
 def cmd_notebooks(args: argparse.Namespace) -> int:
     from zckpt_nb.notebooks import run_all
 
@@ -56,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(func=cmd_inspect)
+
+    ver = sub.add_parser("verify", help="check a checkpoint against its manifest: files, sizes, SHA-256, ranks")
+    ver.add_argument("ckpt_dir")
+    ver.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
+    ver.set_defaults(func=cmd_verify)
 
     nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
     nbs.add_argument("--notebooks", default="notebooks")

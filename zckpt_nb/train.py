@@ -13,14 +13,15 @@ import logging
 import os
 import random
 import resource
+import sys
 import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint
-from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset
+from zckpt_nb import checkpoint, commit, verify
+from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset, param_count
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -34,10 +35,25 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                         help="auto: bf16 on GPUs, fp32 on CPU ranks")
+    parser.add_argument("--keep_last", type=int, default=0,
+                        help="after each committed save keep only the newest K checkpoints (0: keep all)")
+    parser.add_argument("--on_save_error", default="continue", choices=["continue", "abort"],
+                        help="a failed save: record it in run.json and train on, or stop every rank (exit 1)")
+    parser.add_argument("--collective_timeout", type=float, default=None,
+                        help="seconds a collective may wait for the other ranks "
+                             "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
+    parser.add_argument("--save_mode", default="commit", choices=["commit", "plain", "rank0_only"],
+                        help="commit: the commit protocol; plain: DeepSpeed's save alone (benchmark baseline); "
+                             "rank0_only: the seed's hanging snippet (notebook 06)")
     return parser
 
 
-def setup_distributed() -> tuple[str, str]:
+def collective_timeout(flag: float | None) -> float:
+    """Seconds a collective may wait: --collective_timeout, else $ZCKPT_COLLECTIVE_TIMEOUT, else 600."""
+    return flag if flag is not None else float(os.environ.get("ZCKPT_COLLECTIVE_TIMEOUT", 600))
+
+
+def setup_distributed(timeout_s: float) -> tuple[str, str]:
     """Join the process group: NCCL with one GPU per rank, else gloo on CPU ranks. Returns (backend, device)."""
     import deepspeed
     import torch
@@ -46,8 +62,7 @@ def setup_distributed() -> tuple[str, str]:
     backend = "nccl" if on_gpu else "gloo"
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    timeout = timedelta(seconds=float(os.environ.get("ZCKPT_COLLECTIVE_TIMEOUT", 600)))
-    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     return backend, (f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu")
 
 
@@ -89,7 +104,39 @@ def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
+def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, identity: dict[str, Any]) -> Any:
+    """One save in the pattern --save_mode names; returns its `commit.SaveOutcome`."""
+    state, tag = checkpoint.client_state(step, args.seed), f"global_step{step}"
+    if args.save_mode == "plain":
+        return commit.save_plain(engine, args.output_dir, tag, state)
+    if args.save_mode == "rank0_only":
+        return commit.save_rank0_only(engine, tokenizer, args.output_dir, tag, state,
+                                      collective_timeout(args.collective_timeout))
+    return checkpoint.save_partitioned(engine, tokenizer, args.output_dir, state, keep_last=args.keep_last,
+                                       identity=identity)
+
+
+def report_failed_save(outcome: Any, args: argparse.Namespace) -> None:
+    """Every rank prints the same single line: what failed where, what is kept, what happens next."""
+    kept = verify.latest_name(args.output_dir) or "none yet"
+    then = "training continues (--on_save_error continue)" if args.on_save_error == "continue" else \
+        "stopping every rank (--on_save_error abort)"
+    print(f"save {outcome.tag} failed: {outcome.error}; the previous checkpoint ({kept}) and 'latest' are "
+          f"untouched; {then}", flush=True)
+    if args.on_save_error == "abort":
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Run the worker; a checkpoint that cannot be used or a lost collective ends it with one line, exit 1."""
+    try:
+        train(argv)
+    except (verify.CheckpointError, commit.CollectiveTimeout) as e:
+        print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def train(argv: list[str] | None = None) -> None:
     args = add_train_args(argparse.ArgumentParser(prog="zckpt_nb.train")).parse_args(argv)
     import deepspeed
     import torch
@@ -103,10 +150,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     transformers.logging.set_verbosity_error()
     wall_start = time.perf_counter()
-    backend, device = setup_distributed()
+    backend, device = setup_distributed(collective_timeout(args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     seed_everything(args.seed)
     preset = get_preset(args.model)
+    identity = {"model": args.model, "num_params": param_count(args.model)}
+    if args.resume:  # before anything is built: the newest committed checkpoint, verified, for this world size
+        resume_tag, note = commit.agreed_resume_tag(args.output_dir, identity)
+        if note and rank == 0:
+            print(note, flush=True)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
 
     # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
@@ -120,11 +172,11 @@ def main(argv: list[str] | None = None) -> None:
 
     start_step = 0
     if args.resume:
-        start_step = checkpoint.resume(engine, args.output_dir)["step"]
+        start_step = checkpoint.resume(engine, args.output_dir, resume_tag)["step"]
         if rank == 0:
-            print(f"resumed from {checkpoint.latest_tag(args.output_dir)} at step {start_step}", flush=True)
+            print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, save_seconds, saves = [], [], 0.0, []
+    steps, losses, save_seconds, saves, failed = [], [], 0.0, [], []
     engine.train()
     for step in range(start_step, args.steps):
         batch = data.batch_for_step(tokens, step=step, rank=rank, seed=args.seed,
@@ -138,14 +190,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
         done = step + 1
         if (args.save_every and done % args.save_every == 0) or (args.save_checkpoint and done == args.steps):
-            seconds = checkpoint.save_partitioned(engine, tokenizer, args.output_dir,
-                                                  checkpoint.client_state(done, args.seed))
-            save_seconds += seconds
-            saves.append({"tag": f"global_step{done}", "step": done, "seconds": seconds})
-            if rank == 0:
-                print(f"saved checkpoint global_step{done} in {seconds:.2f} s", flush=True)
+            outcome = save(args, engine, tokenizer, done, identity)
+            save_seconds += outcome.seconds
+            saves.append(outcome.record())
+            if not outcome.committed:
+                failed.append({"tag": outcome.tag, "step": done, "error": outcome.error})
+                report_failed_save(outcome, args)
+            elif rank == 0:
+                print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
 
-    tag = checkpoint.latest_tag(args.output_dir) if saves else None
+    tag = checkpoint.latest_tag(args.output_dir) if len(saves) > len(failed) else None
     records = gather_rank_records({
         "rank": rank,
         "peak_memory_bytes": peak_memory_bytes(device),
@@ -159,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": count_params(engine.module),
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
+            "save_mode": args.save_mode, "failed_saves": failed,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
             "ranks": records,
         }

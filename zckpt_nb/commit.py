@@ -1,0 +1,438 @@
+"""The commit protocol: a checkpoint counts only once every rank's files are on disk and every rank agrees.
+
+DeepSpeed's `save_checkpoint` writes `latest` on rank 0 before its final barrier (so before the other
+ranks' shards are known to be complete) and never fsyncs. A crash then leaves `latest` naming a
+half-written checkpoint. Here every rank runs the same sequence of steps and collectives:
+
+1. preflight: rank 0 creates the folder and writes the tokenizer (once, atomically); every rank
+   estimates the bytes it will write; one `all_gather_object` shares problems and free space, and no
+   rank enters DeepSpeed's save unless every rank can;
+2. `engine.save_checkpoint(..., save_latest=False)` on every rank, through `DeferredErrorWriter`: each
+   file is hashed while written and fsynced, and a write error is *kept*, not raised, so every rank
+   still runs DeepSpeed's own barriers to the end (a rank raising there would leave the others waiting);
+3. agreement: one `all_gather_object` of every rank's files (size, SHA-256) and error;
+4. commit, rank 0 only: the manifest by temporary file + fsync + rename, then `latest` the same way,
+   each followed by an fsync of the folder; then `--keep_last` rotation;
+5. one `broadcast_object_list` of rank 0's outcome, so every rank returns the same `SaveOutcome`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb import faults
+from zckpt_nb.verify import (
+    FORMAT,
+    MANIFEST,
+    CheckpointError,
+    committed_tags,
+    file_record,
+    incomplete_tags,
+    step_of,
+    tag_to_resume,
+    verify_tag,
+)
+
+TIMEOUT_WORDS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
+
+
+@dataclass
+class SaveOutcome:
+    """What one save did, identical on every rank (except `timings`, which are this rank's)."""
+
+    tag: str
+    step: int
+    committed: bool
+    error: str | None = None
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # write, fsync, hash, protocol (seconds)
+    deleted: list[str] = field(default_factory=list)  # tags removed by --keep_last
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CollectiveTimeout(RuntimeError):
+    """The ranks lost each other during a save: the process group cannot be trusted again, the job must stop."""
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a new or renamed file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, text: str, before_rename: Callable[[], None] | None = None) -> None:
+    """Replace `path` with `text` so a crash leaves the old or the new content, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    if before_rename:
+        before_rename()
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def os_error_in(err: BaseException) -> OSError | None:
+    """The OSError behind `err`: torch's zip writer wraps ENOSPC in a RuntimeError whose context holds it."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def describe_error(err: BaseException, path: str | Path, rank: int, doing: str = "writing") -> str:
+    """One line: which rank, what failed (errno name when there is one) and on which path."""
+    cause = os_error_in(err)
+    what = f"{errno.errorcode.get(cause.errno, cause.errno)} ({cause.strerror})" if cause else type(err).__name__
+    detail = "" if cause else ": " + (str(err).strip().splitlines() or [""])[0][:200]
+    return f"rank {rank}: {what} {doing} {path}{detail}"
+
+
+def is_timeout(err: BaseException) -> bool:
+    """A collective that timed out or lost its peer (gloo and NCCL say so only in the message)."""
+    return any(word in str(err).lower() for word in TIMEOUT_WORDS)
+
+
+class HashingFile:
+    """A binary file that hashes what is written to it; hashing on the way out avoids reading the file back."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.hash_seconds = f, hashlib.sha256(), 0.0
+
+    def write(self, data: bytes) -> int:
+        start = time.perf_counter()
+        self.sha.update(data)
+        self.hash_seconds += time.perf_counter() - start
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+class DeferredErrorWriter:
+    """Stands in for DeepSpeed's checkpoint engine during one save: hashes and fsyncs every file, keeps errors.
+
+    DeepSpeed runs barriers between and after its file writes. If one rank raised out of a write, the
+    others would wait in the next barrier for a rank that never comes. So the first error is kept and
+    every later write of this save skipped; the ranks compare errors afterwards, in step 3.
+    """
+
+    def __init__(self, inner: Any, rank: int, step: int) -> None:
+        self.inner, self.rank, self.step = inner, rank, step
+        self.written: list[tuple[Path, str]] = []
+        self.error: str | None = None
+        self.fsync_seconds = self.hash_seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:  # create, commit, load, ...: DeepSpeed's own engine
+        return getattr(self.inner, name)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        if self.error:
+            return
+        faults.maybe("stall", self.rank, self.step)
+        if self.written:  # "shards": killed between its model and optimizer files
+            faults.maybe("shards", self.rank, self.step)
+        try:
+            self.write(state_dict, Path(path))
+        except Exception as e:  # any failure, kept for the agreement; the partial file is removed
+            self.fail(e, path)
+            with suppress(OSError):
+                Path(path).unlink(missing_ok=True)
+
+    def write(self, state_dict: Any, path: Path) -> None:
+        """DeepSpeed's own save (torch.save) into a hashing file, then fsync."""
+        with open(path, "wb") as f:
+            out = HashingFile(f)
+            self.inner.save(state_dict, out)
+            f.flush()
+            start = time.perf_counter()
+            os.fsync(f.fileno())
+            self.fsync_seconds += time.perf_counter() - start
+        self.hash_seconds += out.hash_seconds
+        self.written.append((path, out.sha.hexdigest()))
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        try:
+            self.inner.makedirs(path, exist_ok=exist_ok)
+        except OSError as e:
+            self.fail(e, path, "creating")
+
+    def fail(self, err: BaseException, path: str | Path, doing: str = "writing") -> None:
+        if self.error is None:
+            self.error = describe_error(err, path, self.rank, doing)
+
+    def records(self, tag_dir: Path) -> list[dict[str, Any]]:
+        """Manifest entries for the files this rank wrote."""
+        return [file_record(p, tag_dir, self.rank, sha) for p, sha in self.written]
+
+
+@contextmanager
+def deferred_errors(engine: Any, writer: DeferredErrorWriter) -> Iterator[None]:
+    """Route DeepSpeed's writes through `writer` for one save, including rank 0's copy of zero_to_fp32.py."""
+    original_engine, original_copy = engine.checkpoint_engine, engine._copy_recovery_script
+
+    def copy_recovery_script(save_path: str) -> None:
+        try:
+            original_copy(save_path)
+        except OSError as e:
+            writer.fail(e, save_path, "copying zero_to_fp32.py into")
+
+    engine.checkpoint_engine, engine._copy_recovery_script = writer, copy_recovery_script
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = original_engine
+        del engine._copy_recovery_script  # back to the class's method
+
+
+def estimate_bytes(engine: Any) -> int:
+    """Bytes this rank's save will write: its fp32 partition and Adam's moments, plus 5% and 1 MiB for headers.
+
+    The wrapped torch optimizer holds exactly this rank's fp32 partitions (its params) and their state.
+    """
+    inner = engine.optimizer.optimizer
+    tensors = [p for g in inner.param_groups for p in g["params"]]
+    tensors += [v for s in inner.state.values() for v in s.values() if hasattr(v, "element_size")]
+    return int(sum(t.numel() * t.element_size() for t in tensors) * 1.05) + 2**20
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` or its closest existing ancestor (for disk_usage before the folder exists)."""
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def write_once(save_dir: Path, write: Callable[[str], Any]) -> None:
+    """Run `write(folder)` into a temporary folder and move its files into `save_dir` atomically.
+
+    Used for the tokenizer: written on the first save only, so a later full disk cannot truncate it.
+    """
+    tmp = save_dir / ".zckpt_tmp_tokenizer"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write(str(tmp))
+    for path in sorted(tmp.iterdir()):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(path, save_dir / path.name)
+    tmp.rmdir()
+    fsync_dir(save_dir)
+
+
+def prepare_folder(save_dir: str | Path, tag: str, write_tokenizer: Callable[[str], Any] | None = None) -> None:
+    """Rank 0 before a save: the folder, the tokenizer (once), and no stale files of an uncommitted try of `tag`."""
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    if tag in committed_tags(save_dir):
+        raise FileExistsError(errno.EEXIST, f"checkpoint {tag} is already committed; refusing to overwrite it",
+                              str(save_dir / tag))
+    if (save_dir / tag).is_dir():  # debris of a crashed save of the same tag
+        for path in (save_dir / tag).iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if write_tokenizer and not (save_dir / "tokenizer.json").is_file():
+        write_once(save_dir, write_tokenizer)
+
+
+def preflight(save_dir: Path, need: int, rank: int, prepare: Callable[[], None] | None) -> dict[str, Any]:
+    """This rank's view before writing: an error line (or None), the bytes it needs, the free bytes it sees."""
+    error = None
+    if prepare:
+        try:
+            prepare()
+        except OSError as e:
+            error = describe_error(e, e.filename or save_dir, rank, "preparing")
+    free = shutil.disk_usage(nearest_existing(save_dir)).free
+    return {"rank": rank, "error": error, "need": need, "free": free}
+
+
+def space_problem(reports: list[dict[str, Any]], save_dir: Path) -> str | None:
+    """Refuse when the ranks' estimated bytes together exceed the free space a rank sees (a shared filesystem)."""
+    need = sum(r["need"] for r in reports)
+    for r in reports:
+        if need > r["free"]:
+            return (f"rank {r['rank']}: not enough free space in {save_dir}: the save needs about {need / 2**20:,.1f} "
+                    f"MiB, {r['free'] / 2**20:,.1f} MiB free; free space or use --keep_last")
+    return None
+
+
+def first_errors(reports: list[dict[str, Any]]) -> str | None:
+    """Every rank's error line joined into one line, or None when all succeeded."""
+    lines = [r["error"] for r in reports if r["error"]]
+    return "; ".join(lines) if lines else None
+
+
+def manifest_text(tag: str, step: int, world: int, identity: dict[str, Any],
+                  reports: list[dict[str, Any]]) -> str:
+    """The manifest: format, tag, step, world size, model identity, and every rank's files."""
+    files = sorted((f for r in reports for f in r["files"]), key=lambda f: (f["rank"], f["path"]))
+    return json.dumps({"format": FORMAT, "tag": tag, "step": step, "world_size": world, "identity": identity,
+                       "files": files}, indent=1)
+
+
+def rotate(save_dir: Path, keep_last: int) -> list[str]:
+    """Delete committed checkpoints beyond the newest `keep_last` and older incomplete ones (never the newest).
+
+    The manifest goes first (and the folder is fsynced), so a crash mid-delete leaves an incomplete
+    checkpoint that resume ignores, never a "committed" one with files missing.
+    """
+    committed = committed_tags(save_dir)
+    if keep_last < 1 or not committed:
+        return []
+    newest = step_of(committed[-1])
+    doomed = committed[:-keep_last] + [t for t in incomplete_tags(save_dir) if step_of(t) < newest]
+    for tag in doomed:
+        (save_dir / tag / MANIFEST).unlink(missing_ok=True)
+        fsync_dir(save_dir / tag)
+        shutil.rmtree(save_dir / tag)
+    return doomed
+
+
+def commit_on_rank0(save_dir: Path, tag: str, step: int, manifest: str, keep_last: int) -> list[str]:
+    """Step 4: manifest, then `latest`, each by temporary file + fsync + rename; then rotation."""
+    tag_dir = save_dir / tag
+    fsync_dir(tag_dir)  # every rank's file entries are durable before the manifest names them
+    atomic_write(tag_dir / MANIFEST, manifest)
+    fsync_dir(save_dir)
+    atomic_write(save_dir / "latest", tag, before_rename=lambda: faults.maybe("latest", 0, step))
+    return rotate(save_dir, keep_last)
+
+
+def gather(obj: Any) -> list[Any]:
+    """all_gather_object: every rank's `obj` on every rank."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def from_rank0(obj: Any) -> Any:
+    """broadcast_object_list: rank 0's `obj` on every rank."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def discard(save_dir: Path, tag: str, rank: int) -> None:
+    """Rank 0 removes the files of a save that failed (every rank has finished writing by now)."""
+    if rank == 0:
+        shutil.rmtree(save_dir / tag, ignore_errors=True)
+
+
+def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, step: int,
+         identity: dict[str, Any], keep_last: int = 0, prepare: Callable[[], None] | None = None) -> SaveOutcome:
+    """Save checkpoint `tag` with the commit protocol; every rank must call it. Never raises for a failed save."""
+    import torch.distributed as dist
+
+    start, rank, save_dir = time.perf_counter(), dist.get_rank(), Path(save_dir)
+    reports = gather(preflight(save_dir, estimate_bytes(engine), rank, prepare))
+    error = first_errors(reports) or space_problem(reports, save_dir)
+    if error:
+        return SaveOutcome(tag, step, False, error, time.perf_counter() - start)
+
+    faults.maybe("fill", rank, step, save_dir)
+    writer = DeferredErrorWriter(engine.checkpoint_engine, rank, step)
+    write_start = time.perf_counter()
+    try:
+        with deferred_errors(engine, writer):
+            engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
+    except Exception as e:  # outside a file write: the ranks' collectives may no longer line up
+        if is_timeout(e):
+            raise CollectiveTimeout(f"rank {rank}: save of {tag} stopped: a collective timed out or lost a rank "
+                                    f"({str(e).strip().splitlines()[0][:160]})") from None
+        writer.fail(e, save_dir / tag, "saving")
+    write_seconds = time.perf_counter() - write_start
+
+    faults.maybe("before_commit", rank, step)
+    reports = gather({"rank": rank, "error": writer.error, "files": writer.records(save_dir / tag)})
+    error = first_errors(reports)
+    outcome = {"error": error, "deleted": []}
+    if error:
+        discard(save_dir, tag, rank)
+    elif rank == 0:
+        try:
+            manifest = manifest_text(tag, step, dist.get_world_size(), identity, reports)
+            outcome["deleted"] = commit_on_rank0(save_dir, tag, step, manifest, keep_last)
+        except OSError as e:
+            outcome["error"] = describe_error(e, e.filename or save_dir / tag, rank, "committing")
+            (save_dir / tag / MANIFEST).unlink(missing_ok=True)
+            discard(save_dir, tag, rank)
+    outcome = from_rank0(outcome)
+    seconds = time.perf_counter() - start
+    timings = {"write": write_seconds - writer.fsync_seconds - writer.hash_seconds, "fsync": writer.fsync_seconds,
+               "hash": writer.hash_seconds, "protocol": seconds - write_seconds}
+    return SaveOutcome(tag, step, outcome["error"] is None, outcome["error"], seconds, timings, outcome["deleted"])
+
+
+def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:
+    """The newest committed tag, verified before loading: each rank hashes its own files, all ranks agree.
+
+    Returns (tag, note) where note says what was skipped; raises CheckpointError on every rank otherwise.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tag, note, error = None, None, None
+    try:
+        tag, note = tag_to_resume(ckpt_dir)
+        verify_tag(ckpt_dir, tag, world_size=world, identity=identity, ranks=[rank])
+    except CheckpointError as e:
+        error = str(e)
+    errors = [e for e in gather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0])
+    return tag, note
+
+
+def save_plain(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any]) -> SaveOutcome:
+    """DeepSpeed's save alone, as the foundation did (the benchmark's baseline): no fsync, no hash, no manifest."""
+    start = time.perf_counter()
+    engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
+    seconds = time.perf_counter() - start
+    return SaveOutcome(tag, step_of(tag), True, seconds=seconds, timings={"write": seconds})
+
+
+def save_rank0_only(engine: Any, tokenizer: Any, save_dir: str | Path, tag: str, state: dict[str, Any],
+                    timeout: float) -> SaveOutcome:
+    """The seed's snippet, for notebook 06: `if rank == 0:` around the whole, collective, save. It cannot finish.
+
+    Rank 0 waits in DeepSpeed's first barrier for ranks that went on training; the collective timeout
+    ends the wait with an error, which is turned into one line saying what happened.
+    """
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    if dist.get_rank() == 0:
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
+            tokenizer.save_pretrained(str(save_dir))
+        except Exception as e:
+            if not is_timeout(e):
+                raise
+            raise CollectiveTimeout(
+                f"rank 0: save_checkpoint of {tag} was called on rank 0 only (--save_mode rank0_only) and gave up "
+                f"after {time.perf_counter() - start:.0f} s (collective timeout {timeout:.0f} s) waiting for ranks "
+                "that never joined: under ZeRO-3 every rank must call save_checkpoint") from None
+    return SaveOutcome(tag, step_of(tag), False, "rank 0 saved alone", time.perf_counter() - start)

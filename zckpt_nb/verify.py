@@ -1,0 +1,165 @@
+"""Is this checkpoint complete and intact? The manifest, and the checks resume, export and `verify` run.
+
+A checkpoint tag counts as *committed* only once its manifest (`zckpt_manifest.json`, written last by
+the commit protocol in `zckpt_nb.commit`) is in the tag folder. The manifest names every rank's files
+with their sizes and SHA-256, the world size, the step and the model it came from. DeepSpeed keeps
+no such record (its `latest` only names a folder), so this is written by hand; it needs no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "zckpt_manifest.json"
+FORMAT = "zckpt-manifest/1"
+_RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(model|optim)_states\.pt$")
+_STEP = re.compile(r"(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupted or does not fit this run; the message is one line."""
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks (hashlib does the work)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_record(path: Path, tag_dir: Path, rank: int, sha256: str) -> dict[str, Any]:
+    """One manifest entry: the path relative to the tag folder, the writing rank, size and hash."""
+    return {"path": str(path.relative_to(tag_dir)), "rank": rank, "bytes": path.stat().st_size, "sha256": sha256}
+
+
+def read_manifest(tag_dir: Path) -> dict[str, Any]:
+    """The manifest of one tag folder; CheckpointError when it is absent or unreadable."""
+    path = tag_dir / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"{tag_dir} has no {MANIFEST}: the save never committed (incomplete checkpoint)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is unreadable ({e}); the checkpoint cannot be trusted") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a {FORMAT} manifest")
+    return manifest
+
+
+def step_of(tag: str) -> int:
+    """The step a tag like `global_step40` stands for (-1 when it ends in no number)."""
+    m = _STEP.search(tag)
+    return int(m.group(1)) if m else -1
+
+
+def tag_dirs(ckpt_dir: str | Path) -> list[Path]:
+    """Folders of `ckpt_dir` that hold (or held) a checkpoint: a manifest or any rank file."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    return sorted((d for d in root.iterdir() if d.is_dir() and (
+        (d / MANIFEST).exists() or any(_RANK_FILE.search(p.name) for p in d.iterdir()))),
+        key=lambda d: (step_of(d.name), d.name))
+
+
+def committed_tags(ckpt_dir: str | Path) -> list[str]:
+    """Tags with a manifest, oldest first (files not yet hashed: `verify` does that)."""
+    return [d.name for d in tag_dirs(ckpt_dir) if (d / MANIFEST).is_file()]
+
+
+def incomplete_tags(ckpt_dir: str | Path) -> list[str]:
+    """Tags whose save never committed (a crash or a failure mid-save), oldest first."""
+    return [d.name for d in tag_dirs(ckpt_dir) if not (d / MANIFEST).is_file()]
+
+
+def check_file(tag_dir: Path, entry: dict[str, Any], hash_it: bool) -> None:
+    """One file against its manifest entry: present, same size, same SHA-256."""
+    path = tag_dir / entry["path"]
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing (rank {entry['rank']}'s file)")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise CheckpointError(f"{path} has {size:,} bytes, the manifest says {entry['bytes']:,} "
+                              "(truncated or rewritten)")
+    if hash_it and sha256_file(path) != entry["sha256"]:
+        raise CheckpointError(f"{path} does not match its SHA-256 in the manifest (corrupted)")
+
+
+def check_ranks(tag_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every rank 0..W-1 has its model and optimizer file listed, and no other rank's file lies there."""
+    world = manifest["world_size"]
+    listed = {(int(m.group(1)), m.group(2)) for e in manifest["files"] if (m := _RANK_FILE.search(e["path"]))}
+    for rank in range(world):
+        for kind in ("model", "optim"):
+            if (rank, kind) not in listed:
+                raise CheckpointError(f"{tag_dir}: the manifest lists no {kind} file for rank {rank} of {world}")
+    for path in sorted(tag_dir.iterdir()):
+        m = _RANK_FILE.search(path.name)
+        if m and int(m.group(1)) >= world:
+            raise CheckpointError(f"{path} belongs to rank {m.group(1)}, but the checkpoint has {world} ranks")
+
+
+def check_fit(manifest: dict[str, Any], tag_dir: Path, world_size: int | None,
+              identity: dict[str, Any] | None) -> None:
+    """The checkpoint was written by this many ranks and by this model, or say what differs."""
+    if world_size is not None and manifest["world_size"] != world_size:
+        raise CheckpointError(
+            f"{tag_dir} was saved by {manifest['world_size']} ranks; this run has {world_size}. Resume with "
+            f"--nproc {manifest['world_size']}, or convert it (DeepSpeed's ds_to_universal) to change the world size")
+    if identity is not None and manifest.get("identity") != identity:
+        raise CheckpointError(f"{tag_dir} was saved by model {manifest.get('identity')}; this run builds "
+                              f"{identity}. Resume with the same --model, or use another --output_dir")
+
+
+def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
+               identity: dict[str, Any] | None = None, ranks: list[int] | None = None) -> dict[str, Any]:
+    """Run every check on checkpoint `tag`; hash only the files of `ranks` (all when None). Returns the manifest."""
+    tag_dir = Path(ckpt_dir) / tag
+    if not tag_dir.is_dir():
+        raise CheckpointError(f"no checkpoint folder {tag_dir}")
+    manifest = read_manifest(tag_dir)
+    if manifest.get("tag") != tag:
+        raise CheckpointError(f"{tag_dir / MANIFEST} describes tag {manifest.get('tag')!r}, not {tag!r}")
+    check_fit(manifest, tag_dir, world_size, identity)
+    check_ranks(tag_dir, manifest)
+    for entry in manifest["files"]:
+        check_file(tag_dir, entry, hash_it=ranks is None or entry["rank"] in ranks)
+    return manifest
+
+
+def latest_name(ckpt_dir: str | Path) -> str | None:
+    """What `latest` names (None without one)."""
+    path = Path(ckpt_dir) / "latest"
+    return path.read_text().strip() if path.is_file() else None
+
+
+def verify(ckpt_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
+    """`python -m zckpt_nb verify`: check `tag` (default: what `latest` names) completely."""
+    tag = tag or latest_name(ckpt_dir)
+    if tag is None:
+        raise CheckpointError(f"{ckpt_dir} has no 'latest' file; pass --tag or point at a checkpoint folder")
+    return verify_tag(ckpt_dir, tag)
+
+
+def tag_to_resume(ckpt_dir: str | Path) -> tuple[str, str | None]:
+    """The newest committed tag, and one line saying what was skipped (newer incomplete saves, a stale `latest`)."""
+    committed = committed_tags(ckpt_dir)
+    if not committed:
+        raise CheckpointError(f"no committed checkpoint in {ckpt_dir} (no tag folder holds {MANIFEST})")
+    tag = committed[-1]
+    newer = [t for t in incomplete_tags(ckpt_dir) if step_of(t) > step_of(tag)]
+    notes = [f"ignoring incomplete checkpoint(s) {', '.join(newer)} (no manifest: the save never committed)"] \
+        if newer else []
+    if latest_name(ckpt_dir) != tag:
+        notes.append(f"'latest' names {latest_name(ckpt_dir)}, the newest committed is {tag}")
+    return tag, ("; ".join(notes) + f"; resuming from {tag}") if notes else None
+
+
+def describe(manifest: dict[str, Any]) -> str:
+    """One line for a checkpoint that passed every check."""
+    total = sum(e["bytes"] for e in manifest["files"])
+    return (f"ok: {manifest['tag']} (step {manifest['step']}, {manifest['world_size']} ranks, "
+            f"{len(manifest['files'])} files, {total:,} bytes, every size and SHA-256 matches)")
