@@ -359,13 +359,16 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
             engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
     except Exception as e:  # outside a file write: the ranks' collectives may no longer line up
         if is_timeout(e):
-            raise CollectiveTimeout(f"rank {rank}: save of {tag} stopped: a collective timed out or lost a rank "
-                                    f"({str(e).strip().splitlines()[0][:160]})") from None
+            raise CollectiveTimeout(
+                f"rank {rank}: save of {tag} stopped after {time.perf_counter() - start:.0f} s: a collective timed "
+                f"out or lost a rank ({str(e).strip().splitlines()[0][:160]}); a rank is stuck (a hung network "
+                "filesystem?) or died. 'latest' was not moved") from None
         writer.fail(e, save_dir / tag, "saving")
     write_seconds = time.perf_counter() - write_start
 
     faults.maybe("before_commit", rank, step)
     reports = gather({"rank": rank, "error": writer.error, "files": writer.records(save_dir / tag)})
+    faults.release(rank, step, save_dir)
     error = first_errors(reports)
     outcome = {"error": error, "deleted": []}
     if error:

@@ -3,7 +3,8 @@
 The worker reads the variable and, when rank `rank` reaches `point` of the save at step `step`, does
 something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`), stalls
 like a write to a hung network filesystem (`stall`, for `seconds`), or fills the target filesystem the
-way another job would (`fill`). Nothing is mocked: the files, errors and dead processes are real.
+way a neighbour job's temporary file would (`fill`, removed again once the save is over). Nothing is
+mocked: the files, errors and dead processes are real.
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ def armed(point: str, rank: int, step: int) -> float | None:
     return seconds if (name, at_rank, at_step) == (point, rank, step) else None
 
 
+FILLER = ".zckpt_fill"
+
+
 def fill(directory: Path) -> None:
     """Write a filler file into `directory` until its filesystem is full (ENOSPC), as a neighbour job would."""
     if shutil.disk_usage(directory).free > FILL_LIMIT:
         raise RuntimeError(f"ZCKPT_FAULT fill refused: {directory} has more than 1 GiB free; use a small mount")
     block = b"\0" * 2**16
     try:
-        with open(directory / ".zckpt_fill", "ab") as f:
+        with open(directory / FILLER, "ab") as f:
             while True:
                 f.write(block)
                 f.flush()
@@ -62,3 +66,9 @@ def maybe(point: str, rank: int, step: int, directory: Path | None = None) -> No
         time.sleep(seconds)
     elif point == "fill" and directory is not None:
         fill(directory)
+
+
+def release(rank: int, step: int, directory: Path) -> None:
+    """The neighbour's file goes away after the save (so the run can still write run.json and later saves)."""
+    if armed("fill", rank, step) is not None:
+        (directory / FILLER).unlink(missing_ok=True)

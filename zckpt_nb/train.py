@@ -134,6 +134,13 @@ def main(argv: list[str] | None = None) -> None:
     except (verify.CheckpointError, commit.CollectiveTimeout) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except RuntimeError as e:  # a collective outside a save timed out: say so in one line, not a traceback
+        if not commit.is_timeout(e):
+            raise
+        print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective timed out or lost a rank "
+              f"while training ({str(e).strip().splitlines()[0][:160]}); is some rank stuck or saving alone?",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def train(argv: list[str] | None = None) -> None:

@@ -1,0 +1,196 @@
+"""The commit protocol under real faults: kill -9 mid-save, a full disk, a read-only folder, a hung rank,
+the seed's rank-0-only save, and damaged checkpoints. Real 2-rank ZeRO-3 runs, real files and mounts."""
+
+import json
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from zckpt_nb import checkpoint, verify
+from zckpt_nb.launch import LaunchError, LaunchTimeout, launch
+from zckpt_nb.verify import MANIFEST
+
+STEPS, EVERY = 12, 4
+
+
+def run(out, steps=STEPS, *, resume=False, extra=(), nproc=2, model="tiny"):
+    return launch(nproc, steps, out, save_every=EVERY, resume=resume, model=model, extra=list(extra),
+                  verbose=False, progress=False, timeout=600)
+
+
+def failed_launch(out, steps=STEPS, **kw) -> str:
+    """Launch a run that must fail (not time out); return its error text."""
+    with pytest.raises(LaunchError) as err:
+        run(out, steps, **kw)
+    assert not isinstance(err.value, LaunchTimeout), "the fault must end the job, not the launcher's timeout"
+    return str(err.value)
+
+
+def verify_cli(ckpt_dir, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zckpt_nb", "verify", str(ckpt_dir), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def same_losses(run_a, run_b) -> float:
+    """Largest loss difference over the steps both runs trained."""
+    by_step = dict(zip(run_a.steps, run_a.losses))
+    return max(abs(by_step[s] - loss) for s, loss in zip(run_b.steps, run_b.losses))
+
+
+@contextmanager
+def tmpfs(path: Path, options: str):
+    """A real tmpfs mounted at `path` (skip when this machine does not allow it); always unmounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)])
+
+
+@pytest.fixture(scope="session")
+def ref_run(tmp_path_factory):
+    """An uninterrupted tiny run saving every 4 steps, keeping the last 2 checkpoints."""
+    return run(tmp_path_factory.mktemp("ref"), extra=["--keep_last", "2"])
+
+
+def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(ref_run):
+    out = ref_run.output_dir
+    assert verify.committed_tags(out) == ["global_step8", "global_step12"]  # global_step4 rotated away
+    assert verify.latest_name(out) == "global_step12" and ref_run.data["failed_saves"] == []
+    manifest = json.loads((out / "global_step12" / MANIFEST).read_text())
+    assert (manifest["world_size"], manifest["step"]) == (2, 12)
+    assert manifest["identity"] == {"model": "tiny", "num_params": ref_run.num_params}
+    assert sorted((f["rank"], f["path"].split("_")[-2]) for f in manifest["files"]) == \
+        [(0, "model"), (0, "optim"), (1, "model"), (1, "optim")]
+    done = verify_cli(out)
+    assert done.returncode == 0 and "every size and SHA-256 matches" in done.stdout
+    saves = ref_run.ranks[0]["saves"]
+    assert [s["deleted"] for s in saves] == [[], [], ["global_step4"]]
+    assert all(s["timings"]["fsync"] > 0 and s["timings"]["hash"] > 0 for s in saves)
+
+
+@pytest.mark.parametrize("point, rank", [("shards", 1), ("before_commit", 0), ("latest", 0)])
+def test_kill_9_mid_save_loses_nothing_and_resume_matches(ref_run, tmp_path, monkeypatch, point, rank):
+    out = tmp_path / "run"
+    monkeypatch.setenv("ZCKPT_FAULT", f"{point}:{rank}:8")
+    text = failed_launch(out, 8)
+    assert f"rank {rank} injects '{point}'" in text
+    monkeypatch.delenv("ZCKPT_FAULT")
+    # `latest` never moved: it names the step-4 checkpoint, which verifies completely.
+    assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+    # Killed before the manifest, step 8 is incomplete; killed while moving `latest`, it had committed.
+    committed_8 = point == "latest"
+    assert ("global_step8" in verify.committed_tags(out)) == committed_8
+    resumed = run(out, resume=True)
+    start = 8 if committed_8 else 4
+    assert resumed.data["resumed_from_step"] == start and resumed.steps == list(range(start, STEPS))
+    assert same_losses(ref_run, resumed) <= 1e-5
+    if not committed_8:
+        assert any("ignoring incomplete checkpoint(s) global_step8" in line for line in resumed.log)
+    assert verify.latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
+
+
+def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monkeypatch):
+    with tmpfs(tmp_path / "disk", "size=24m") as disk:
+        out = disk / "run"
+        (out / "global_step12").mkdir(parents=True)
+        with tmpfs(out / "global_step12", "ro,size=1m"):  # the step-12 save meets a read-only folder
+            monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk during the step-8 save
+            result = run(out, 16)
+            assert result.steps == list(range(16)), "training went on after both failed saves"
+            failed = {f["step"]: f["error"] for f in result.data["failed_saves"]}
+            assert set(failed) == {8, 12}
+            assert "ENOSPC" in failed[8] and "zero_pp_rank_" in failed[8]
+            assert "EROFS" in failed[12] and "global_step12" in failed[12]
+            assert not (out / "global_step8").exists(), "the failed save's partial files are removed"
+            assert verify.committed_tags(out) == ["global_step4", "global_step16"]
+            for tag in ("global_step4", "global_step16"):
+                assert verify_cli(out, "--tag", tag).returncode == 0
+            printed = [line for line in result.log if "save global_step8 failed" in line]
+            assert len(printed) == 2 and all("training continues" in line for line in printed)  # one line per rank
+
+
+def test_save_that_cannot_fit_is_refused_and_abort_stops_every_rank(tmp_path):
+    with tmpfs(tmp_path / "small", "size=8m") as disk:  # one tiny checkpoint fits, a second does not
+        out = disk / "run"
+        text = failed_launch(out, extra=["--on_save_error", "abort"])
+        assert "save global_step8 failed" in text and "not enough free space" in text
+        assert "stopping every rank (--on_save_error abort)" in text
+        assert not (out / "global_step8").exists()
+        assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+
+
+def test_hung_rank_is_reported_within_the_collective_timeout(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("ZCKPT_FAULT", "stall:1:8:120")  # rank 1 blocks in its write like a hung NFS mount
+    text = failed_launch(out, extra=["--collective_timeout", "10"])
+    assert "save of global_step8 stopped" in text and "Timed out waiting 10000ms" in text
+    assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+
+
+def test_seed_rank0_only_save_is_reported_not_an_endless_hang(tmp_path):
+    out = tmp_path / "run"
+    text = failed_launch(out, extra=["--save_mode", "rank0_only", "--collective_timeout", "10"])
+    assert "was called on rank 0 only" in text and "every rank must call save_checkpoint" in text
+    assert verify.committed_tags(out) == [] and verify.latest_name(out) is None
+
+
+@pytest.fixture
+def copy(ref_run, tmp_path):
+    """A private copy of the newest committed checkpoint, to damage."""
+    return checkpoint.copy_checkpoint(ref_run.output_dir, tmp_path / "copy", "global_step12")
+
+
+def shard(ckpt: Path, rank: int) -> Path:
+    return ckpt / "global_step12" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: truncate(shard(c, 1)), "truncated"),
+    (lambda c: flip_byte(shard(c, 0)), "does not match its SHA-256"),
+    (lambda c: shard(c, 1).unlink(), "is missing"),
+    (lambda c: shutil.copy(shard(c, 1), c / "global_step12" / "zero_pp_rank_2_mp_rank_00_optim_states.pt"),
+     "belongs to rank 2"),
+    (lambda c: (c / "global_step12" / MANIFEST).unlink(), "never committed"),
+], ids=["truncated", "flipped-byte", "missing-rank-file", "extra-rank-file", "no-manifest"])
+def test_verify_names_the_bad_file(copy, damage, message):
+    damage(copy)
+    done = verify_cli(copy)
+    assert done.returncode == 1 and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_resume_verifies_first_and_changes_nothing(copy):
+    flip_byte(shard(copy, 0))
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    text = failed_launch(copy, resume=True)
+    assert "zero_pp_rank_0_mp_rank_00_optim_states.pt does not match its SHA-256" in text
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file() and p.name != "launch.log"} == \
+        {p: b for p, b in before.items() if p.name != "launch.log"}
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"nproc": 1}, "was saved by 2 ranks; this run has 1"),
+    ({"model": "small"}, "'model': 'tiny'"),
+], ids=["other-world-size", "other-model"])
+def test_resume_refuses_a_checkpoint_that_does_not_fit(copy, kw, message):
+    text = failed_launch(copy, resume=True, **kw)
+    assert message in text
+    assert verify_cli(copy).returncode == 0, "the checkpoint is untouched"
