@@ -80,7 +80,7 @@ def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(re
 def test_kill_9_mid_save_loses_nothing_and_resume_matches(ref_run, tmp_path, monkeypatch, point, rank):
     out = tmp_path / "run"
     monkeypatch.setenv("ZCKPT_FAULT", f"{point}:{rank}:8")
-    text = failed_launch(out, 8)
+    text = failed_launch(out)  # the same schedule as ref_run (the LR decays over STEPS); dies at step 8
     assert f"rank {rank} injects '{point}'" in text
     monkeypatch.delenv("ZCKPT_FAULT")
     # `latest` never moved: it names the step-4 checkpoint, which verifies completely.
