@@ -40,7 +40,8 @@ def test_every_rank_wrote_its_own_shard_files(full_run):
     assert checkpoint.latest_tag(out) == f"global_step{STEPS}"
     for step in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY):
         names = sorted(p.name for p in (out / f"global_step{step}").iterdir())
-        assert names == [f"zero_pp_rank_{r}_mp_rank_00_{k}_states.pt" for r in (0, 1) for k in ("model", "optim")]
+        expected = [f"zero_pp_rank_{r}_mp_rank_00_{k}_states.pt" for r in (0, 1) for k in ("model", "optim")]
+        assert names == sorted([*expected, "zckpt_manifest.json"])  # the commit protocol's manifest, written last
     for rank, rec in enumerate(full_run.ranks):
         paths = {f["path"] for f in rec["files"]}
         assert f"global_step{STEPS}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in paths
