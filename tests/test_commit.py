@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zckpt_nb import checkpoint, verify
+from zckpt_nb import checkpoint, commit, faults, verify
 from zckpt_nb.launch import LaunchError, LaunchTimeout, launch
 from zckpt_nb.verify import MANIFEST
 
@@ -42,16 +42,12 @@ def same_losses(run_a, run_b) -> float:
 
 
 @contextmanager
-def tmpfs(path: Path, options: str):
-    """A real tmpfs mounted at `path` (skip when this machine does not allow it); always unmounted."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+def small_disk(path: Path, options: str):
+    """A real tmpfs at `path`, skipped with the reason when mounting is not allowed; always unmounted."""
+    with faults.tmpfs(path, options) as why:
+        if why:
+            pytest.skip(why)
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)])
 
 
 @pytest.fixture(scope="session")
@@ -98,10 +94,10 @@ def test_kill_9_mid_save_loses_nothing_and_resume_matches(ref_run, tmp_path, mon
 
 
 def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monkeypatch):
-    with tmpfs(tmp_path / "disk", "size=24m") as disk:
+    with small_disk(tmp_path / "disk", "size=24m") as disk:
         out = disk / "run"
         (out / "global_step12").mkdir(parents=True)
-        with tmpfs(out / "global_step12", "ro,size=1m"):  # the step-12 save meets a read-only folder
+        with small_disk(out / "global_step12", "ro,size=1m"):  # the step-12 save meets a read-only folder
             monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk during the step-8 save
             result = run(out, 16)
             assert result.steps == list(range(16)), "training went on after both failed saves"
@@ -118,7 +114,7 @@ def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monk
 
 
 def test_save_that_cannot_fit_is_refused_and_abort_stops_every_rank(tmp_path):
-    with tmpfs(tmp_path / "small", "size=8m") as disk:  # one tiny checkpoint fits, a second does not
+    with small_disk(tmp_path / "small", "size=8m") as disk:  # one tiny checkpoint fits, a second does not
         out = disk / "run"
         text = failed_launch(out, extra=["--on_save_error", "abort"])
         assert "save global_step8 failed" in text and "not enough free space" in text
@@ -194,3 +190,46 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(copy, kw, message):
     text = failed_launch(copy, resume=True, **kw)
     assert message in text
     assert verify_cli(copy).returncode == 0, "the checkpoint is untouched"
+
+
+def fake_tag(root: Path, tag: str, committed: bool) -> None:
+    """A tag folder with one real rank file, committed (a manifest) or not."""
+    (root / tag).mkdir(parents=True)
+    (root / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"x")
+    if committed:
+        (root / tag / MANIFEST).write_text("{}")
+
+
+def test_rotation_keeps_the_newest_committed_and_never_the_only_one(tmp_path):
+    for tag, ok in [("global_step4", True), ("global_step6", False), ("global_step8", True), ("global_step12", False)]:
+        fake_tag(tmp_path, tag, ok)
+    assert commit.rotate(tmp_path, keep_last=1) == ["global_step4", "global_step6"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step12", "global_step8"]  # newer incomplete kept
+    assert commit.rotate(tmp_path, keep_last=1) == [], "the only committed checkpoint is never deleted"
+    assert commit.rotate(tmp_path, keep_last=0) == []
+
+
+def test_atomic_write_leaves_the_old_content_when_interrupted_before_the_rename(tmp_path):
+    latest = tmp_path / "latest"
+    commit.atomic_write(latest, "global_step4")
+
+    def crash():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        commit.atomic_write(latest, "global_step8", before_rename=crash)
+    assert latest.read_text() == "global_step4" and (tmp_path / "latest.tmp").read_text() == "global_step8"
+
+
+def test_error_lines_name_errno_rank_and_path(tmp_path):
+    wrapped = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    wrapped.__context__ = OSError(28, "No space left on device")  # how torch's zip writer reports ENOSPC
+    line = commit.describe_error(wrapped, tmp_path / "shard.pt", 1)
+    assert line == f"rank 1: ENOSPC (No space left on device) writing {tmp_path / 'shard.pt'}"
+    reports = [{"rank": 0, "need": 6 * 2**20, "free": 2**20}, {"rank": 1, "need": 2**20, "free": 2**20}]
+    assert "rank 0: not enough free space" in commit.space_problem(reports, tmp_path)
+
+
+def test_unknown_fault_point_is_refused():
+    with pytest.raises(ValueError, match="shards, before_commit, latest, stall, fill"):
+        faults.parse("explode:0:8")

@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 KILL_POINTS = ("shards", "before_commit", "latest")
@@ -72,3 +75,31 @@ def release(rank: int, step: int, directory: Path) -> None:
     """The neighbour's file goes away after the save (so the run can still write run.json and later saves)."""
     if armed("fill", rank, step) is not None:
         (directory / FILLER).unlink(missing_ok=True)
+
+
+@contextmanager
+def injected(spec: str | None) -> Iterator[None]:
+    """Set ZCKPT_FAULT for the launches inside the block (ranks inherit it), then clear it. None: no fault."""
+    if spec is None:
+        yield
+        return
+    parse(spec)
+    os.environ["ZCKPT_FAULT"] = spec
+    try:
+        yield
+    finally:
+        del os.environ["ZCKPT_FAULT"]
+
+
+@contextmanager
+def tmpfs(path: Path, options: str) -> Iterator[str | None]:
+    """Mount a real tmpfs (a small disk) at `path` for the block; yields None, or why it could not (needs root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        yield f"cannot mount a tmpfs at {path} (needs root): {done.stderr.strip() or done.returncode}"
+        return
+    try:
+        yield None
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

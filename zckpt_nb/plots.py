@@ -67,3 +67,31 @@ def table(rows: list[dict[str, object]]) -> object:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(r[k]) for k in head) + " |" for r in rows]
     return Markdown("\n".join(lines))
+
+
+def plot_save_outcomes(steps: Sequence[int], losses: Sequence[float], saves: Sequence[dict], *, title: str,
+                       caption: str) -> Figure:
+    """Loss against step, with every save marked where it happened: committed or failed."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(steps, losses, lw=1.5, label="training loss")
+    by_step = dict(zip(steps, losses))
+    for ok, marker, color, name in ((True, "^", "tab:green", "save committed"), (False, "X", "tab:red", "save failed")):
+        xs = [s["step"] for s in saves if s["committed"] == ok]
+        ax.scatter(xs, [by_step[x - 1] for x in xs], marker=marker, s=90, color=color, label=name, zorder=3)
+    ax.set(title=title, xlabel="optimizer step (count)", ylabel="training loss (nats per token)")
+    ax.legend()
+    return add_caption(fig, caption)
+
+
+def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Figure:
+    """Seconds of each save split into its phases (DeepSpeed's write, fsync, SHA-256, agreement and commit)."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    tags = [s["tag"] for s in saves]
+    bottom = [0.0] * len(tags)
+    for phase in ("write", "fsync", "hash", "protocol"):
+        ms = [s["timings"].get(phase, 0.0) * 1000 for s in saves]
+        ax.bar(tags, ms, bottom=bottom, label=phase)
+        bottom = [b + m for b, m in zip(bottom, ms)]
+    ax.set(title=title, xlabel="checkpoint tag", ylabel="time on rank 0 (ms)")
+    ax.legend()
+    return add_caption(fig, caption)
