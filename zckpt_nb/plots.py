@@ -76,8 +76,8 @@ def plot_save_outcomes(steps: Sequence[int], losses: Sequence[float], saves: Seq
     ax.plot(steps, losses, lw=1.5, label="training loss")
     by_step = dict(zip(steps, losses))
     for ok, marker, color, name in ((True, "^", "tab:green", "save committed"), (False, "X", "tab:red", "save failed")):
-        xs = [s["step"] for s in saves if s["committed"] == ok]
-        ax.scatter(xs, [by_step[x - 1] for x in xs], marker=marker, s=90, color=color, label=name, zorder=3)
+        xs = [s["step"] - 1 for s in saves if s["committed"] == ok]  # a save at step k follows step index k-1
+        ax.scatter(xs, [by_step[x] for x in xs], marker=marker, s=90, color=color, label=name, zorder=3)
     ax.set(title=title, xlabel="optimizer step (count)", ylabel="training loss (nats per token)")
     ax.legend()
     return add_caption(fig, caption)
