@@ -72,6 +72,15 @@ def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(re
     assert all(s["timings"]["fsync"] > 0 and s["timings"]["hash"] > 0 for s in saves)
 
 
+def test_train_cli_passes_the_save_flags_to_the_worker(tmp_path):
+    out = tmp_path / "cli"
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "train", "--nproc", "2", "--steps", "8", "--save_every",
+                           "4", "--keep_last", "1", "--collective_timeout", "120", "--output_dir", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert verify.committed_tags(out) == ["global_step8"] and verify.latest_name(out) == "global_step8"
+
+
 @pytest.mark.parametrize("point, rank", [("shards", 1), ("before_commit", 0), ("latest", 0)])
 def test_kill_9_mid_save_loses_nothing_and_resume_matches(ref_run, tmp_path, monkeypatch, point, rank):
     out = tmp_path / "run"

@@ -9,12 +9,18 @@ from pathlib import Path
 from zckpt_nb.launch import LaunchError, UsageError
 
 
+def save_flags(args: argparse.Namespace) -> list[str]:
+    """The worker's save flags (issue 5) as given on the `train` command line."""
+    flags = ["--keep_last", str(args.keep_last), "--on_save_error", args.on_save_error, "--save_mode", args.save_mode]
+    return flags + (["--collective_timeout", str(args.collective_timeout)] if args.collective_timeout else [])
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from zckpt_nb.launch import launch
 
     run = launch(args.nproc, args.steps, args.output_dir, save_checkpoint=args.save_checkpoint,
                  save_every=args.save_every, resume=args.resume, model=args.model, seed=args.seed,
-                 timeout=args.timeout, extra=["--dtype", args.dtype])
+                 timeout=args.timeout, extra=["--dtype", args.dtype, *save_flags(args)])
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
     print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
