@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -26,10 +27,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from zckpt_nb.inspect import format_inspection, inspect_checkpoint, inspection_json
 
     try:
-        info = inspect_checkpoint(args.ckpt_dir, args.tag)
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout on import; keep --json clean
+            info = inspect_checkpoint(args.ckpt_dir, args.tag)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
     print(inspection_json(info) if args.json else format_inspection(info))
+    return 0
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    from zckpt_nb.costs import format_prediction, predict, prediction_json
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
+    pred = predict(args.model, args.nproc, args.dtype)
+    print(prediction_json(pred) if args.json else format_prediction(pred))
     return 0
 
 
@@ -41,6 +53,7 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from zckpt_nb.model import PRESETS
     from zckpt_nb.train import add_train_args
 
     parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
@@ -56,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(func=cmd_inspect)
+
+    costs = sub.add_parser("costs", help="predict per-rank state and save costs from the model config alone")
+    costs.add_argument("--model", default="tiny", choices=sorted(PRESETS))
+    costs.add_argument("--nproc", type=int, default=2)
+    costs.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    costs.add_argument("--json", action="store_true")
+    costs.set_defaults(func=cmd_costs)
 
     nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
     nbs.add_argument("--notebooks", default="notebooks")
