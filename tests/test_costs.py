@@ -23,6 +23,10 @@ def test_prediction_reads_p_from_the_config():
     assert pred.num_params == param_count("medium") == sum(tensor_numels("medium"))
     assert pred.partitioned["per_rank_bytes"] == [12 * pred.slice_numel + fixed_tensor_bytes()] * 4
     assert pred.gathered["rank0_extra_peak_bytes"] == 2 * pred.num_params
+    # save_16bit_model meets GPT-2's tied wte twice (as wte and as lm_head); the per-parameter walk once
+    wte = 8192 * 768
+    assert pred.gathered["broadcast_bytes_per_rank"] == 2 * (pred.num_params + wte)
+    assert pred.gathered["allgather_bytes_per_rank"] == pred.per_param["allgather_bytes_per_rank"] + 2 * wte // 4
     assert pred.slice_numel * 4 == pred.num_params + pred.padding_numel
 
 
@@ -49,4 +53,4 @@ def test_costs_cli_json_has_per_rank_bytes():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert len(data["partitioned"]["per_rank_bytes"]) == 3
-    assert data["gathered"]["allgather_sent_bytes_per_rank"] > 0 and data["gathered"]["rank0_extra_peak_bytes"] > 0
+    assert data["gathered"]["allgather_bytes_per_rank"] > 0 and data["gathered"]["rank0_extra_peak_bytes"] > 0
