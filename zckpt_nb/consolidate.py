@@ -190,3 +190,109 @@ def compare(candidate: dict[str, Any], reference: dict[str, Any]) -> dict[str, A
     return {"tensors": len(diffs), "missing": missing, "extra": sorted(set(candidate) - set(reference)),
             "bad_shape": bad_shape, "max_abs_diff": max(diffs.values(), default=0.0),
             "dtypes": sorted({str(candidate[n].dtype) for n in shared}), "exact": exact}
+
+
+def last_per_rank(costs: list[dict[str, Any]], mode: str) -> dict[int, dict[str, Any]]:
+    """The newest record of `mode` for each rank (a run with --save_every has several partitioned saves)."""
+    return {c["rank"]: c for c in costs if c["mode"] == mode}
+
+
+def op_bytes(cost: dict[str, Any], prefix: str) -> int:
+    """Logged bytes of the collectives whose name starts with `prefix` (e.g. 'all_gather', 'broadcast')."""
+    return sum(o["bytes"] for name, o in cost["comm_ops"].items() if name.startswith(prefix))
+
+
+def largest(records: list[dict[str, Any]], key: str, scale: float = 1.0, digits: int = 3) -> float | str:
+    """The largest `key` over `records`, scaled and rounded; '-' when there are none or it was not measured."""
+    values = [c.get(key) for c in records]
+    if not values or None in values:
+        return "-"
+    return round(max(values) / scale, digits)
+
+
+def cost_summary(costs: list[dict[str, Any]], num_params: int, param_bytes: int = 4) -> list[dict[str, Any]]:
+    """One row per route: rank 0 against the other ranks, and bytes moved or written against the full model.
+
+    "all-gathered" adds every rank's logged slice, i.e. the bytes each rank ends up receiving once assembled;
+    "broadcast" is rank 0's logged tensor bytes. Both are divided by the full model, P x `param_bytes`.
+    """
+    full, rows, m = num_params * param_bytes, [], 2**20
+    for mode in measure.MODES:
+        by_rank = last_per_rank(costs, mode)
+        if not by_rank:
+            continue
+        r0, others = [by_rank[0]], [c for r, c in by_rank.items() if r != 0]
+        rows.append({
+            "route": mode, "seconds, rank 0": largest(r0, "seconds"),
+            "seconds, other ranks": largest(others, "seconds"),
+            "extra RSS MiB, rank 0": largest(r0, "extra_peak_bytes", m, 1),
+            "extra RSS MiB, other ranks": largest(others, "extra_peak_bytes", m, 1),
+            "extra heap MiB, rank 0": largest(r0, "heap_extra_peak_bytes", m, 1),
+            "extra heap MiB, other ranks": largest(others, "heap_extra_peak_bytes", m, 1),
+            "written MiB, rank 0": largest(r0, "bytes_written", m, 2),
+            "written MiB, other ranks": largest(others, "bytes_written", m, 2),
+            "read MiB": largest(r0, "bytes_read", m, 2),
+            "all-gathered / model": round(sum(op_bytes(c, "all_gather") for c in by_rank.values()) / full, 3),
+            "broadcast / model": round(op_bytes(r0[0], "broadcast") / full, 3),
+            "collective ops, rank 0": sum(o["count"] for o in r0[0]["comm_ops"].values()),
+        })
+    return rows
+
+
+def mib(n: float) -> str:
+    """Bytes as MiB, for sentences."""
+    return f"{n / 2**20:,.2f} MiB"
+
+
+SEED_TABLE = {  # what the principle's table says each kind of save costs
+    "partitioned": "each rank writes its own P/N (weights + optimizer); no gathering",
+    "gathered16": "full P on rank 0; all-gather across N ranks, the whole model at once",
+    "per_param": "full P on rank 0; all-gather across N ranks, one parameter at a time",
+    "offline": "no communication at all, but reads every rank's shard",
+    "hf": "as offline, then writes P as safetensors with config and tokenizer",
+}
+
+
+def heap_mib(cost: dict[str, Any]) -> str:
+    """A record's extra peak heap as '+x MiB'."""
+    return f"+{mib(cost.get('heap_extra_peak_bytes') or 0)}"
+
+
+def partitioned_line(by_rank: dict[int, dict[str, Any]], num_params: int) -> str:
+    """Measured figures of the partitioned save, against P/N x 12 bytes per rank."""
+    files = ", ".join(mib(by_rank[r]["bytes_written"]) for r in sorted(by_rank))
+    return (f"rank files {files} (P/N x 12 B of fp32 weights and Adam moments = "
+            f"{mib(12 * num_params / len(by_rank))}); collectives {by_rank[0]['comm_bytes']} B")
+
+
+def gathered_line(by_rank: dict[int, dict[str, Any]], full: int) -> str:
+    """Measured figures of routes 1 and 2, against the full model on rank 0 and one all-gather of it."""
+    r0, others = by_rank[0], [c for r, c in by_rank.items() if r]
+    gathered = sum(op_bytes(c, "all_gather") for c in by_rank.values())
+    gathers = r0["comm_ops"].get("all_gather_into_tensor", {})
+    largest = gathers.get("max_bytes", 0) * len(by_rank)  # the logger records one rank's slice
+    other_heap = f"; other ranks {heap_mib(max(others, key=lambda c: c.get('heap_extra_peak_bytes') or 0))}" * bool(
+        others)
+    return (f"rank 0 wrote {mib(r0['bytes_written'])} (full P = {mib(full)}), heap peak {heap_mib(r0)}{other_heap}; "
+            f"all-gathered {gathered / full:.2f} x P in {gathers.get('count', 0)} ops, largest {mib(largest)}; "
+            f"broadcast {op_bytes(r0, 'broadcast') / full:.2f} x P")
+
+
+def offline_line(r0: dict[str, Any]) -> str:
+    """Measured figures of routes 3 and 4: no communication, every shard read."""
+    return (f"collectives {r0['comm_bytes']} B; read {mib(r0['bytes_read'])} of shards; wrote "
+            f"{mib(r0['bytes_written'])}; RSS peak +{mib(r0['extra_peak_bytes'])}, heap peak {heap_mib(r0)}")
+
+
+def seed_vs_measured(costs: list[dict[str, Any]], num_params: int, param_bytes: int = 4) -> list[dict[str, Any]]:
+    """The seed's table next to what was measured, route by route, in the seed's own terms (P, N, rank 0)."""
+    rows = []
+    for mode, claim in SEED_TABLE.items():
+        by_rank = last_per_rank(costs, mode)
+        if not by_rank:
+            continue
+        got = (partitioned_line(by_rank, num_params) if mode == "partitioned"
+               else gathered_line(by_rank, num_params * param_bytes) if mode in ("gathered16", "per_param")
+               else offline_line(by_rank[0]))
+        rows.append({"route": mode, "the seed's table says": claim, "measured": got})
+    return rows

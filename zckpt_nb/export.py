@@ -239,6 +239,43 @@ def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> st
     return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False)[0]["generated_text"]
 
 
+def logits(model_dir: str | Path, input_ids: Any) -> Any:
+    """The exported model's logits on `input_ids`, loaded with transformers alone (eval mode: no dropout)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits
+
+
+def corpus_overlap(text: str) -> dict[str, Any]:
+    """How much of `text` comes from the shipped corpus: share of its words found there, and its word trigrams."""
+    import re
+
+    from zckpt_nb.data import corpus_text
+
+    def split(t: str) -> list[str]:  # words only: punctuation and line breaks do not count
+        return re.findall(r"[A-Za-z']+", t)
+
+    corpus_words, words = split(corpus_text()), split(text)
+    joined, vocabulary = f" {' '.join(corpus_words)} ", set(corpus_words)
+    trigrams = [" ".join(words[i:i + 3]) for i in range(len(words) - 2)]
+    return {"words": len(words), "words in corpus": sum(w in vocabulary for w in words) / max(1, len(words)),
+            "trigrams in corpus": [t for t in trigrams if f" {t} " in joined]}
+
+
+def deepspeed_safe_serialization(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> tuple[int, str]:
+    """Run DeepSpeed's own `zero_to_fp32.py --safe_serialization` (what route 4 replaces): (exit code, last line)."""
+    import subprocess
+
+    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--safe_serialization"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")))
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if "Error" in line]
+    return done.returncode, (lines[-1] if lines else "")
+
+
 def reload_check(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
                  max_new_tokens: int = 30) -> dict[str, Any]:
     """Load an export with transformers alone; logits against a reference file, generated text, imported modules."""
@@ -254,9 +291,9 @@ def reload_check(model_dir: str | Path, reference: str | Path | None = None, pro
     if reference is not None:
         ref = torch.load(reference, map_location="cpu", weights_only=True)
         with torch.no_grad():
-            logits = model(input_ids=ref["input_ids"]).logits
-        report["max_abs_logit_diff"] = float((logits - ref["logits"]).abs().max())
-        report["logits_shape"] = list(logits.shape)
+            out = model(input_ids=ref["input_ids"]).logits
+        report["max_abs_logit_diff"] = float((out - ref["logits"]).abs().max())
+        report["logits_shape"] = list(out.shape)
     report["deepspeed_imported"] = "deepspeed" in sys.modules
     return report
 

@@ -8,12 +8,14 @@ prints the same table, but it is itself collective (barriers); reading the logge
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,9 @@ class SaveCost:
     extra_peak_bytes: int  # that peak minus what the process held when the save began
     bytes_written: int  # sizes of the files this rank wrote, read from disk
     comm_bytes: int | None  # DeepSpeed's logged message bytes (None: a process group without the logger)
-    comm_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {'count', 'bytes'}
+    comm_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {'count', 'bytes', 'max_bytes'}
     memory_kind: str = "rss"  # "rss" (CPU) or "cuda_allocated"
+    heap_extra_peak_bytes: int | None = None  # host heap allocations at their peak, above the start (glibc only)
     bytes_read: int = 0  # size of the checkpoint files a route loads (offline conversion, HF export)
     files: list[str] = field(default_factory=list)
 
@@ -41,28 +44,62 @@ class SaveCost:
         return asdict(self)
 
 
-class PeakRSS:
-    """Track this process's peak resident memory while a block runs, by sampling in a background thread.
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
 
-    psutil (like /proc) offers a peak counter only for the whole process life, not one that restarts at the
-    save, so we sample. Large tensors live for a while after they are allocated, so a 2 ms interval sees them.
+
+@cache
+def _libc() -> Any:
+    """glibc with `mallinfo2` (2.33+), or None elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def heap_in_use() -> int | None:
+    """Bytes malloc has handed out and not freed yet, over all arenas (glibc `mallinfo2`); None off glibc.
+
+    RSS alone misses a save's allocations when malloc reuses memory freed earlier (after training, it usually
+    does): pages already resident are reused and RSS does not move. Live heap bytes see every allocation.
+    """
+    libc = _libc()
+    if libc is None:
+        return None
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)  # small chunks in use + large chunks malloc mmap()ed
+
+
+class HostMemory:
+    """Peak RSS and peak live heap bytes of this process while a block runs, sampled in a background thread.
+
+    psutil (like /proc) offers a peak RSS only for the whole process life, not one that restarts at the save, so
+    we sample. Large tensors live for a while after they are allocated, so a 2 ms interval sees them.
     """
 
     def __init__(self, interval: float = 0.002) -> None:
         import psutil
 
         self._proc, self._interval, self._stop = psutil.Process(), interval, threading.Event()
-        self.baseline = self.peak = 0
+        self.baseline_rss = self.peak_rss = 0
+        self.baseline_heap = self.peak_heap = heap_in_use()
 
     def _sample(self) -> None:
-        self.peak = max(self.peak, self._proc.memory_info().rss)
+        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+        heap = heap_in_use()
+        if heap is not None:
+            self.peak_heap = max(self.peak_heap or 0, heap)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self._sample()
 
-    def __enter__(self) -> PeakRSS:
-        self.baseline = self.peak = self._proc.memory_info().rss
+    def __enter__(self) -> HostMemory:
+        self.baseline_rss = self.peak_rss = self._proc.memory_info().rss
+        self.baseline_heap = self.peak_heap = heap_in_use()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -71,6 +108,10 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self._sample()
+
+    @property
+    def heap_extra(self) -> int | None:
+        return None if self.baseline_heap is None else int(self.peak_heap - self.baseline_heap)
 
 
 class PeakCuda:
@@ -82,7 +123,7 @@ class PeakCuda:
 
         _device_peak_before_resets = max(_device_peak_before_resets, torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
-        self.baseline = torch.cuda.memory_allocated()
+        self.baseline = self.peak = torch.cuda.memory_allocated()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -98,8 +139,8 @@ def device_peak_bytes() -> int:
     return max(_device_peak_before_resets, int(torch.cuda.max_memory_allocated()))
 
 
-def comm_totals() -> dict[str, dict[str, int]] | None:
-    """DeepSpeed's comms-logger totals on this rank so far: op -> {'count', 'bytes' (message size x count)}.
+def comm_counts() -> dict[str, dict[int, int]] | None:
+    """DeepSpeed's comms-logger record on this rank so far: op -> {message size in bytes: count}.
 
     {} when no process group exists (no collective can have run); None when one exists but the logger is off.
     """
@@ -108,38 +149,45 @@ def comm_totals() -> dict[str, dict[str, int]] | None:
         return {}
     if not comm.comms_logger.enabled:
         return None
-    return {op: {"count": sum(v[0] for v in by_size.values()),
-                 "bytes": sum(size * v[0] for size, v in by_size.items())}
-            for op, by_size in comm.comms_logger.get_raw_data().items()}
+    # the logger keeps {op: {message size: [count, latencies, algbw, busbw]}}
+    return {op: {size: v[0] for size, v in by_size.items()} for op, by_size in comm.comms_logger.get_raw_data().items()}
 
 
-def comm_delta(before: dict[str, dict[str, int]] | None,
-               after: dict[str, dict[str, int]] | None) -> dict[str, dict[str, int]] | None:
-    """The operations logged between two `comm_totals` snapshots."""
+def comm_delta(before: dict[str, dict[int, int]] | None,
+               after: dict[str, dict[int, int]] | None) -> dict[str, dict[str, int]] | None:
+    """The operations logged between two `comm_counts` snapshots: op -> {'count', 'bytes', 'max_bytes'}.
+
+    'bytes' is DeepSpeed's message size times count: for an all-gather, what this rank contributed (its slice);
+    for a broadcast, the whole tensor on every rank.
+    """
     if before is None or after is None:
         return None
     delta = {}
-    for op, now in after.items():
-        was = before.get(op, {"count": 0, "bytes": 0})
-        if now["count"] > was["count"]:
-            delta[op] = {"count": now["count"] - was["count"], "bytes": now["bytes"] - was["bytes"]}
+    for op, sizes in after.items():
+        grown = {size: n - before.get(op, {}).get(size, 0) for size, n in sizes.items()}
+        grown = {size: n for size, n in grown.items() if n > 0}
+        if grown:
+            delta[op] = {"count": sum(grown.values()), "bytes": sum(size * n for size, n in grown.items()),
+                         "max_bytes": max(grown)}
     return delta
 
 
 def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterable[Path]], rank: int = 0,
             device: str = "cpu", read: Iterable[Path] = ()) -> SaveCost:
     """Run `save()` and return its SaveCost; `written()` lists the files this rank wrote (called afterwards)."""
-    before = comm_totals()
-    with (PeakCuda() if device.startswith("cuda") else PeakRSS()) as mem:
+    on_gpu = device.startswith("cuda")
+    before = comm_counts()
+    with HostMemory() as host, (PeakCuda() if on_gpu else contextlib.nullcontext()) as gpu:
         start = time.perf_counter()
         save()
         seconds = time.perf_counter() - start
-    ops = comm_delta(before, comm_totals())
+    ops = comm_delta(before, comm_counts())
     paths = sorted(set(written()))
-    return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(mem.peak),
-                    extra_peak_bytes=int(mem.peak - mem.baseline), bytes_written=sum(p.stat().st_size for p in paths),
+    peak, base = (gpu.peak, gpu.baseline) if on_gpu else (host.peak_rss, host.baseline_rss)
+    return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(peak),
+                    extra_peak_bytes=int(peak - base), bytes_written=sum(p.stat().st_size for p in paths),
                     comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
-                    memory_kind="cuda_allocated" if device.startswith("cuda") else "rss",
+                    memory_kind="cuda_allocated" if on_gpu else "rss", heap_extra_peak_bytes=host.heap_extra,
                     bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in paths])
 
 
@@ -159,6 +207,11 @@ def files_under(root: str | Path) -> list[Path]:
     return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
 
+def mib_or_dash(n: int | None) -> float | str:
+    """Bytes as MiB rounded for a table, or '-' when not measured."""
+    return "-" if n is None else round(n / 2**20, 2)
+
+
 def cost_rows(costs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One display row per (mode, rank): the figures in units people read (s, MiB, KiB)."""
     order = {m: i for i, m in enumerate(MODES)}
@@ -168,6 +221,7 @@ def cost_rows(costs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"mode": c["mode"], "rank": c["rank"], "seconds": round(c["seconds"], 3),
                      "peak memory (MiB)": round(c["peak_memory_bytes"] / 2**20, 1),
                      "extra peak (MiB)": round(c["extra_peak_bytes"] / 2**20, 2),
+                     "extra heap peak (MiB)": mib_or_dash(c.get("heap_extra_peak_bytes")),
                      "written (KiB)": round(c["bytes_written"] / 2**10, 1),
                      "read (KiB)": round(c.get("bytes_read", 0) / 2**10, 1),
                      "collective bytes (KiB)": "not logged" if comm is None else round(comm / 2**10, 1),
