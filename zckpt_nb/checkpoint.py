@@ -63,6 +63,7 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
     if dist.get_rank() == 0:  # one process creates the directory and writes the tokenizer ...
         os.makedirs(output_dir, exist_ok=True)
         tokenizer.save_pretrained(str(output_dir))
+        engine.module.config.save_pretrained(str(output_dir))  # config.json: what `export` rebuilds the model from
     dist.barrier()
     engine.save_checkpoint(str(output_dir), client_state=state)  # ... but every rank saves its shard
     return time.perf_counter() - start
@@ -83,7 +84,8 @@ def rank_files(output_dir: str | Path, tag: str, rank: int) -> list[dict[str, An
     root = Path(output_dir)
     paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))
     if rank == 0:
-        shared = ["latest", "zero_to_fp32.py", "zero_to_torch.py", "tokenizer.json", "tokenizer_config.json"]
+        shared = ["latest", "zero_to_fp32.py", "zero_to_torch.py", "tokenizer.json", "tokenizer_config.json",
+                  "config.json"]
         paths += [root / name for name in shared if (root / name).is_file()]
     return [{"path": str(p.relative_to(root)), "bytes": p.stat().st_size} for p in paths]
 
@@ -95,7 +97,7 @@ def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
     src, dst = Path(src), Path(dst)
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src / tag, dst / tag)
-    for name in ("tokenizer.json", "tokenizer_config.json", "zero_to_fp32.py"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "zero_to_fp32.py"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
     (dst / "latest").write_text(tag)

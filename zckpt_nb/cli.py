@@ -15,7 +15,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run = launch(args.nproc, args.steps, args.output_dir, save_checkpoint=args.save_checkpoint,
                  save_every=args.save_every, resume=args.resume, model=args.model, seed=args.seed,
-                 timeout=args.timeout, extra=["--dtype", args.dtype])
+                 timeout=args.timeout, extra=["--dtype", args.dtype] + [
+                     f"--{flag}" for flag in ("save_16bit", "save_gathered", "save_reference") if getattr(args, flag)])
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
     print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
@@ -52,6 +53,24 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from zckpt_nb.export import export
+
+    out = export(args.ckpt_dir, args.out_dir, tag=args.tag, max_shard_size=args.max_shard_size,
+                 overwrite=args.overwrite)
+    files = sorted(p for p in out.iterdir() if p.is_file())
+    print(f"exported {args.ckpt_dir} to {out}: {len(files)} files, {sum(p.stat().st_size for p in files):,} bytes "
+          f"({', '.join(p.name for p in files)})")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from zckpt_nb.export import generate
+
+    print(generate(args.model_dir, args.prompt, args.max_new_tokens))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from zckpt_nb.model import PRESETS
     from zckpt_nb.train import add_train_args
@@ -76,6 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     costs.add_argument("--json", action="store_true")
     costs.set_defaults(func=cmd_costs)
+
+    exp = sub.add_parser("export", help="a ZeRO-3 checkpoint as a Hugging Face folder (safetensors, tokenizer)")
+    exp.add_argument("ckpt_dir")
+    exp.add_argument("out_dir")
+    exp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
+    exp.add_argument("--max_shard_size", default="5GB", help="split the weights into shards of at most this size")
+    exp.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    exp.set_defaults(func=cmd_export)
+
+    gen = sub.add_parser("generate", help="greedy text from an exported model, without DeepSpeed")
+    gen.add_argument("model_dir")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max_new_tokens", type=int, default=40)
+    gen.set_defaults(func=cmd_generate)
 
     nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
     nbs.add_argument("--notebooks", default="notebooks")

@@ -67,3 +67,29 @@ def table(rows: list[dict[str, object]]) -> object:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(r[k]) for k in head) + " |" for r in rows]
     return Markdown("\n".join(lines))
+
+
+def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figure:
+    """Six panels of grouped bars, one group per route and one bar per rank: time, extra peak RSS, extra peak heap
+    allocations, bytes written, bytes read, bytes moved by collectives (as DeepSpeed's comms logger recorded them)."""
+    from zckpt_nb.measure import MODES
+
+    modes = [m for m in MODES if any(c["mode"] == m for c in costs)]
+    ranks = sorted({c["rank"] for c in costs})
+    last = {(c["mode"], c["rank"]): c for c in costs}  # the newest save of each (mode, rank)
+    panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak memory (MiB)"),
+              ("heap_extra_peak_bytes", 2**20, "extra peak heap allocations (MiB)"),
+              ("bytes_written", 2**20, "bytes written (MiB)"), ("bytes_read", 2**20, "checkpoint bytes read (MiB)"),
+              ("comm_bytes", 2**20, "collective bytes logged (MiB)")]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 6.6))
+    width = 0.8 / len(ranks)
+    for ax, (key, scale, ylabel) in zip(axes.flat, panels):
+        for i, rank in enumerate(ranks):
+            values = [((last.get((m, rank)) or {}).get(key) or 0) / scale for m in modes]
+            ax.bar([x + i * width for x in range(len(modes))], values, width, label=f"rank {rank}")
+        ax.set_xticks([x + width * (len(ranks) - 1) / 2 for x in range(len(modes))], modes)
+        ax.set(title=ylabel.split(" (")[0], xlabel="route", ylabel=ylabel)
+    axes.flat[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return add_caption(fig, caption)

@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint
+from zckpt_nb import checkpoint, consolidate, measure
 from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset
 
 
@@ -34,6 +34,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                         help="auto: bf16 on GPUs, fp32 on CPU ranks")
+    parser.add_argument("--save_16bit", action="store_true",
+                        help="after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
+    parser.add_argument("--save_gathered", action="store_true",
+                        help="after training, save DIR/per_param/ gathering one parameter at a time (route 2)")
+    parser.add_argument("--save_reference", action="store_true",
+                        help="after training, write each rank's raw partitions and the engine's logits on a "
+                             "fixed batch to DIR/reference/ (what the equality checks compare against)")
     return parser
 
 
@@ -63,10 +70,8 @@ def seed_everything(seed: int) -> None:
 
 def peak_memory_bytes(device: str) -> int:
     """This rank's peak memory: allocated GPU memory on GPUs, the process's max RSS on CPU."""
-    import torch
-
     if device.startswith("cuda"):
-        return int(torch.cuda.max_memory_allocated())
+        return measure.device_peak_bytes()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -114,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     tokens = data.encode_corpus(tokenizer)
 
     # The model is built partitioned: no rank ever holds all of it.
-    config = ds_config(args.model, steps=args.steps, bf16=bf16)
+    saving = args.save_checkpoint or args.save_every or args.save_16bit or args.save_gathered
+    config = ds_config(args.model, steps=args.steps, bf16=bf16, gather_16bit_on_save=args.save_16bit,
+                       comms_logger=bool(saving))  # its per-op byte counts give each save's collective bytes
     model, _hf_ds_config = build_model(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {checkpoint.latest_tag(args.output_dir)} at step {start_step}", flush=True)
 
-    steps, losses, save_seconds, saves = [], [], 0.0, []
+    steps, losses, save_seconds, saves, save_costs = [], [], 0.0, [], []
     engine.train()
     for step in range(start_step, args.steps):
         batch = data.batch_for_step(tokens, step=step, rank=rank, seed=args.seed,
@@ -138,12 +145,21 @@ def main(argv: list[str] | None = None) -> None:
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
         done = step + 1
         if (args.save_every and done % args.save_every == 0) or (args.save_checkpoint and done == args.steps):
-            seconds = checkpoint.save_partitioned(engine, tokenizer, args.output_dir,
-                                                  checkpoint.client_state(done, args.seed))
+            cost = measure.measure_partitioned(engine, tokenizer, args.output_dir,
+                                               checkpoint.client_state(done, args.seed), step=done, rank=rank,
+                                               device=device)
+            seconds = cost.seconds
+            save_costs.append(cost.to_dict())
             save_seconds += seconds
             saves.append({"tag": f"global_step{done}", "step": done, "seconds": seconds})
             if rank == 0:
                 print(f"saved checkpoint global_step{done} in {seconds:.2f} s", flush=True)
+
+    save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
+                                         per_param=args.save_gathered, rank=rank, device=device)
+    if args.save_reference:
+        fixed = data.batch_for_step(tokens, step=args.steps, rank=0, seed=args.seed, batch=2, seq_len=preset.seq_len)
+        consolidate.save_reference(engine, fixed.to(device), args.output_dir, rank)
 
     tag = checkpoint.latest_tag(args.output_dir) if saves else None
     records = gather_rank_records({
@@ -152,7 +168,9 @@ def main(argv: list[str] | None = None) -> None:
         "save_seconds": save_seconds,
         "saves": saves,
         "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
+        "save_costs": save_costs,
     })
+    costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs
     if rank == 0:
         run = {
             "world_size": world, "backend": backend, "device": device, "model": args.model,
@@ -160,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
-            "ranks": records,
+            "save_costs": costs, "ranks": records,
         }
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "run.json").write_text(json.dumps(run, indent=1))
