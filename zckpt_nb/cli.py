@@ -46,6 +46,29 @@ def cmd_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from zckpt_nb import compare
+    from zckpt_nb.plots import plot_compare
+
+    check_writable_dir(args.output_dir)
+    records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, steps=args.steps,
+                              timeout=args.timeout, reuse=not args.fresh)
+    fig = plot_compare(records, title=f"Save modes compared: {args.model}, N = {args.nproc}",
+                       caption="Predicted (cost model) against measured (files, RSS, DeepSpeed comms logger).")
+    fig.savefig(Path(args.output_dir) / "compare.png", dpi=110, bbox_inches="tight")
+    for row in compare.agreement(records):
+        print("  ".join(f"{k}: {v}" for k, v in row.items()))
+    print(f"{len(records)} records in {Path(args.output_dir) / compare.RESULTS}; plots in compare.png")
+    return 0
+
+
+def check_writable_dir(path: str) -> None:
+    """One clear line when the output folder cannot be written (before anything runs)."""
+    from zckpt_nb.launch import check_writable
+
+    check_writable(Path(path).resolve())
+
+
 def cmd_notebooks(args: argparse.Namespace) -> int:
     from zckpt_nb.notebooks import run_all
 
@@ -72,6 +95,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from zckpt_nb.measure import MODES
     from zckpt_nb.model import PRESETS
     from zckpt_nb.train import add_train_args
 
@@ -109,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max_new_tokens", type=int, default=40)
     gen.set_defaults(func=cmd_generate)
+
+    cmp = sub.add_parser("compare", help="measure save modes across world sizes against the cost model")
+    cmp.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    cmp.add_argument("--model", default="tiny", choices=sorted(PRESETS))
+    cmp.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    cmp.add_argument("--output_dir", required=True)
+    cmp.add_argument("--steps", type=int, default=5, help="training steps before the saves")
+    cmp.add_argument("--timeout", type=float, default=1800, help="per world size; kills every rank when passed")
+    cmp.add_argument("--fresh", action="store_true", help="measure again instead of reusing DIR/compare.json")
+    cmp.set_defaults(func=cmd_compare)
 
     nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
     nbs.add_argument("--notebooks", default="notebooks")

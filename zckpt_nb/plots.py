@@ -61,6 +61,8 @@ def table(rows: list[dict[str, object]]) -> object:
     from IPython.display import Markdown
 
     def cell(v: object) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "no"
         return f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v)
 
     head = list(rows[0])
@@ -90,6 +92,41 @@ def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figur
         ax.set_xticks([x + width * (len(ranks) - 1) / 2 for x in range(len(modes))], modes)
         ax.set(title=ylabel.split(" (")[0], xlabel="route", ylabel=ylabel)
     axes.flat[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return add_caption(fig, caption)
+
+
+def _paired_bars(ax, labels: list[str], first: list[float], second: list[float] | None, names: tuple[str, str]) -> None:
+    """Bars for `first` (and `second` beside it, when given) over the same labels."""
+    xs = range(len(labels))
+    width = 0.4 if second is not None else 0.8
+    ax.bar([x - (width / 2 if second is not None else 0) for x in xs], first, width, label=names[0])
+    if second is not None:
+        ax.bar([x + width / 2 for x in xs], second, width, label=names[1])
+    ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
+    ax.legend(fontsize=7)
+
+
+def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
+    """Four panels per (mode, N, rank): bytes written, peak memory, seconds, collective bytes; predicted vs measured."""
+    labels = [f"{r['mode']} N={r['world_size']} r{r['rank']}" for r in records]
+    kib, mib = 2**10, 2**20
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
+    (a, b), (c, d) = axes
+    _paired_bars(a, labels, [r["predicted_bytes"] / kib for r in records],
+                 [r["measured_payload_bytes"] / kib for r in records], ("predicted", "measured payload"))
+    a.set(title="Bytes written per rank", ylabel="bytes written (KiB)")
+    _paired_bars(b, labels, [r["predicted_extra_peak_bytes"] / mib for r in records],
+                 [r["measured_extra_peak_bytes"] / mib for r in records], ("predicted", "measured"))
+    b.set(title="Extra memory at the save's peak, per rank", ylabel="extra peak memory (MiB)")
+    _paired_bars(c, labels, [r["seconds"] for r in records], None, ("wall time", ""))
+    c.set(title="Time per rank", ylabel="wall time (s)")
+    _paired_bars(d, labels, [r["predicted_comm_bytes"] / kib for r in records],
+                 [(r["logged_comm_bytes"] or 0) / kib for r in records], ("predicted", "comms logger"))
+    d.set(title="Bytes moved by collectives per rank", ylabel="collective bytes (KiB)")
+    for ax in axes.flat:
+        ax.set_xlabel("save mode, world size, rank")
     fig.suptitle(title)
     fig.tight_layout()
     return add_caption(fig, caption)
