@@ -272,8 +272,10 @@ def deepspeed_safe_serialization(ckpt_dir: str | Path, out_dir: str | Path, time
     cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--safe_serialization"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")))
-    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if "Error" in line]
-    return done.returncode, (lines[-1] if lines else "")
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if line.split(":")[0].endswith("Error")]
+    # Python prints the exception's name, then its message on the following lines: keep both, in one line
+    return done.returncode, " ".join(lines[errors[-1]:errors[-1] + 2]) if errors else ""
 
 
 def reload_check(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
