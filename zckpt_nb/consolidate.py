@@ -99,14 +99,25 @@ def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None =
 
 def run_routes(engine: Any, output_dir: str | Path, *, gathered16: bool, per_param: bool, rank: int,
                device: str) -> list[dict[str, Any]]:
-    """Routes 1 and 2 on every rank, each into its own folder of `output_dir`; this rank's cost records."""
+    """Routes 1 and 2 on every rank, each into its own folder of `output_dir`; this rank's cost records.
+
+    With the comms logger on, rank 0 also prints DeepSpeed's own `log_summary` table for these routes alone
+    (a cross-check of the per-save figures; it is collective, so every rank calls it).
+    """
+    import deepspeed.comm as ds_comm
+
     routes = [("gathered16", save_gathered16)] * gathered16 + [("per_param", save_per_param)] * per_param
+    logging = bool(routes) and ds_comm.comms_logger.enabled
+    if logging:
+        ds_comm.reset_log()  # the summary below then covers the consolidated saves only
     costs = []
     for mode, save in routes:
         folder = Path(output_dir) / mode
         cost = measure.measure(mode, partial(save, engine, folder), rank=rank, device=device,
                                written=lambda folder=folder: measure.files_under(folder) if rank == 0 else [])
         costs.append(cost.to_dict())
+    if logging:
+        ds_comm.log_summary()
     return costs
 
 
