@@ -92,8 +92,12 @@ def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
     """Raise UsageError unless `out_dir` may be (re)written without touching the checkpoint."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"output {out_dir} is a file; choose a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace it")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace it")
+        if not (out_dir / "config.json").is_file():  # --overwrite deletes: only ever a previous export
+            raise UsageError(f"output folder {out_dir} is not empty and holds no config.json, so it is not a "
+                             "previous export; --overwrite only replaces one of those: choose another folder")
     if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
         raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
     check_writable(out_dir)
