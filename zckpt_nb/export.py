@@ -243,12 +243,17 @@ def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> st
     return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False)[0]["generated_text"]
 
 
-def logits(model_dir: str | Path, input_ids: Any) -> Any:
-    """The exported model's logits on `input_ids`, loaded with transformers alone (eval mode: no dropout)."""
-    import torch
+def load_model(model_dir: str | Path) -> Any:
+    """An exported model, loaded with transformers alone, in eval mode (no dropout)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+
+
+def logits(model: Any, input_ids: Any) -> Any:
+    """`model`'s logits on `input_ids`, without building a graph."""
+    import torch
+
     with torch.no_grad():
         return model(input_ids=input_ids).logits
 
@@ -286,9 +291,8 @@ def reload_check(model_dir: str | Path, reference: str | Path | None = None, pro
                  max_new_tokens: int = 30) -> dict[str, Any]:
     """Load an export with transformers alone; logits against a reference file, generated text, imported modules."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    model = load_model(model_dir)
     report: dict[str, Any] = {
         "class": type(model).__name__, "dtype": str(model.dtype),
         "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
@@ -296,8 +300,7 @@ def reload_check(model_dir: str | Path, reference: str | Path | None = None, pro
     }
     if reference is not None:
         ref = torch.load(reference, map_location="cpu", weights_only=True)
-        with torch.no_grad():
-            out = model(input_ids=ref["input_ids"]).logits
+        out = logits(model, ref["input_ids"])
         report["max_abs_logit_diff"] = float((out - ref["logits"]).abs().max())
         report["logits_shape"] = list(out.shape)
     report["deepspeed_imported"] = "deepspeed" in sys.modules

@@ -79,7 +79,7 @@ def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figur
     modes = [m for m in MODES if any(c["mode"] == m for c in costs)]
     ranks = sorted({c["rank"] for c in costs})
     last = {(c["mode"], c["rank"]): c for c in costs}  # the newest save of each (mode, rank)
-    panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak memory (MiB)"),
+    panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak RSS (MiB)"),
               ("heap_extra_peak_bytes", 2**20, "extra peak heap allocations (MiB)"),
               ("bytes_written", 2**20, "bytes written (MiB)"), ("bytes_read", 2**20, "checkpoint bytes read (MiB)"),
               ("comm_bytes", 2**20, "collective bytes logged (MiB)")]
@@ -89,7 +89,7 @@ def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figur
         for i, rank in enumerate(ranks):
             values = [((last.get((m, rank)) or {}).get(key) or 0) / scale for m in modes]
             ax.bar([x + i * width for x in range(len(modes))], values, width, label=f"rank {rank}")
-        ax.set_xticks([x + width * (len(ranks) - 1) / 2 for x in range(len(modes))], modes)
+        ax.set_xticks([x + width * (len(ranks) - 1) / 2 for x in range(len(modes))], modes, rotation=20, fontsize=8)
         ax.set(title=ylabel.split(" (")[0], xlabel="route", ylabel=ylabel)
     axes.flat[0].legend()
     fig.suptitle(title)
