@@ -211,6 +211,8 @@ def bad_checkpoint(kind, src, tmp_path):
     tag = (dst / "latest").read_text().strip()
     if kind == "missing_rank_file":
         (dst / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    if kind == "no_tokenizer":
+        (dst / "tokenizer.json").unlink()
     if kind == "truncated_shard":
         path = dst / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
         path.write_bytes(path.read_bytes()[:5000])
@@ -222,6 +224,7 @@ def bad_checkpoint(kind, src, tmp_path):
     ("good", ["--tag", "global_step999"], "tag global_step999 does not exist"),
     ("missing_rank_file", [], "incomplete checkpoint"),
     ("truncated_shard", [], "cannot convert checkpoint"),
+    ("no_tokenizer", [], "has no tokenizer.json"),
     ("good", ["--max_shard_size", "lots"], "is not a size"),
 ])
 def test_export_refuses_bad_input_and_writes_nothing(routes_run, tmp_path, kind, extra, message):

@@ -46,8 +46,8 @@ def available_tags(ckpt_dir: Path) -> list[str]:
     return sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and any(p.glob("zero_pp_rank_*_states.pt")))
 
 
-def check_checkpoint(ckpt_dir: Path, tag: str | None) -> tuple[str, int]:
-    """Raise UsageError unless `ckpt_dir` holds a complete ZeRO-3 checkpoint `tag`; return (tag, world size)."""
+def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
+    """Raise UsageError unless `ckpt_dir` holds a complete ZeRO-3 checkpoint `tag`; return the tag."""
     from zckpt_nb.inspect import rank_files
 
     if not ckpt_dir.is_dir():
@@ -69,7 +69,10 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None) -> tuple[str, int]:
             raise UsageError(f"incomplete checkpoint {ckpt_dir / tag}: rank {rank} of {world} has no "
                              f"{' and no '.join(m + '_states file' for m in missing)}; the save did not finish on "
                              "every rank, export another --tag")
-    return tag, world
+    if not (ckpt_dir / "tokenizer.json").is_file():
+        raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
+    model_config(ckpt_dir)  # raises UsageError when there is nothing to rebuild the model from
+    return tag
 
 
 def saved_world_size(model_states: Path) -> int:
@@ -160,8 +163,6 @@ def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: str | int
     """Write the model (transformers' save_pretrained: safetensors, tied weights once) and the tokenizer."""
     from transformers import AutoTokenizer
 
-    if not (ckpt_dir / "tokenizer.json").is_file():
-        raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
     full_model(ckpt_dir, tag).save_pretrained(str(dest), max_shard_size=max_shard_size)
     AutoTokenizer.from_pretrained(str(ckpt_dir)).save_pretrained(str(dest))
 
@@ -185,7 +186,7 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
     """
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
-    tag, _ = check_checkpoint(ckpt_dir, tag)
+    tag = check_checkpoint(ckpt_dir, tag)
     check_out_dir(out_dir, ckpt_dir, overwrite)
     check_shard_size(max_shard_size)
     created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
