@@ -144,6 +144,13 @@ def test_collective_bytes_match_the_seed_table(routes_run, reference):
     assert by["gathered16", 0]["comm_bytes"] > 2 * by["per_param", 0]["comm_bytes"]
 
 
+def test_deepspeed_prints_its_own_comms_summary_for_the_routes(routes_run):
+    rank0 = [line for line in routes_run.log if line.startswith("[rank 0]")]
+    header = next(i for i, line in enumerate(rank0) if "Comm. Op" in line)  # deepspeed.comm.log_summary's table
+    ops = {line.split("] ", 1)[1].strip() for line in rank0[header:] if line.split("] ", 1)[1][:1].isalpha()}
+    assert {"all_gather_into_tensor", "broadcast"} <= ops
+
+
 def test_offline_and_hf_read_every_shard_and_communicate_nothing(routes_run, offline, hf):
     shards = sorted((routes_run.output_dir / routes_run.data["latest_tag"]).glob("zero_pp_rank_*"))
     assert len(shards) == 4  # model and optimizer states of both ranks
@@ -204,6 +211,8 @@ def bad_checkpoint(kind, src, tmp_path):
     tag = (dst / "latest").read_text().strip()
     if kind == "missing_rank_file":
         (dst / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    if kind == "no_tokenizer":
+        (dst / "tokenizer.json").unlink()
     if kind == "truncated_shard":
         path = dst / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
         path.write_bytes(path.read_bytes()[:5000])
@@ -215,6 +224,7 @@ def bad_checkpoint(kind, src, tmp_path):
     ("good", ["--tag", "global_step999"], "tag global_step999 does not exist"),
     ("missing_rank_file", [], "incomplete checkpoint"),
     ("truncated_shard", [], "cannot convert checkpoint"),
+    ("no_tokenizer", [], "has no tokenizer.json"),
     ("good", ["--max_shard_size", "lots"], "is not a size"),
 ])
 def test_export_refuses_bad_input_and_writes_nothing(routes_run, tmp_path, kind, extra, message):
@@ -226,16 +236,22 @@ def test_export_refuses_bad_input_and_writes_nothing(routes_run, tmp_path, kind,
     assert not (tmp_path / "exports").exists(), "no output folder, no temporary folder left behind"
 
 
-def test_export_keeps_a_non_empty_out_dir_unless_overwrite(routes_run, tmp_path):
-    out = tmp_path / "model"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
-    done = cli("export", str(routes_run.output_dir), str(out))
-    assert done.returncode == 2 and "not empty; pass --overwrite" in done.stderr
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    assert cli("export", str(routes_run.output_dir), str(out), "--overwrite").returncode == 0
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # the replaced folder was cleaned up
+def test_export_replaces_only_a_previous_export_and_only_with_overwrite(routes_run, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    for flags, message in (([], "not empty; pass --overwrite"), (["--overwrite"], "not a previous export")):
+        done = cli("export", str(routes_run.output_dir), str(mine), *flags)
+        assert done.returncode == 2 and message in done.stderr
+        assert [p.name for p in mine.iterdir()] == ["keep.txt"]
+    model = tmp_path / "model"
+    assert cli("export", str(routes_run.output_dir), str(model)).returncode == 0
+    (model / "stale.txt").write_text("from an older export")
+    assert cli("export", str(routes_run.output_dir), str(model)).returncode == 2
+    assert (model / "stale.txt").is_file()
+    assert cli("export", str(routes_run.output_dir), str(model), "--overwrite").returncode == 0
+    assert not (model / "stale.txt").exists() and (model / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "model"]  # no temporary folder left behind
 
 
 def test_generate_refuses_a_folder_that_is_not_a_model(tmp_path):

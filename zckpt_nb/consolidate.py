@@ -45,7 +45,7 @@ def gather_per_param(module: Any) -> dict[str, Any] | None:
     state: dict[str, Any] = {}
     for name, param in module.named_parameters():  # tied weights appear once, under their first name
         with deepspeed.zero.GatheredParameters([param]):
-            if rank0:  # copy=True: on CPU ranks .cpu() would alias the gathered buffer DeepSpeed frees on exit
+            if rank0:  # copy=True: on CPU ranks .cpu() returns DeepSpeed's own gathered buffer; keep a copy
                 state[name] = param.data.detach().to("cpu", copy=True)
     return state if rank0 else None
 
@@ -65,8 +65,8 @@ def save_per_param(engine: Any, out_dir: str | Path) -> Path:
 def convert_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> Path:
     """Route 3: DeepSpeed's `zero_to_fp32` in this process (no ranks, no GPU); writes `out_dir/pytorch_model.bin`.
 
-    DeepSpeed's converter loads every rank's shards memory-mapped and materialises one output shard at a time
-    (its lazy mode), so the peak is about one output file, not the whole checkpoint.
+    DeepSpeed's converter memory-maps every rank's shards and materialises one output shard (5 GB by default) at a
+    time (its lazy mode), so a model larger than that never sits in memory whole.
     """
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
@@ -99,14 +99,25 @@ def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None =
 
 def run_routes(engine: Any, output_dir: str | Path, *, gathered16: bool, per_param: bool, rank: int,
                device: str) -> list[dict[str, Any]]:
-    """Routes 1 and 2 on every rank, each into its own folder of `output_dir`; this rank's cost records."""
+    """Routes 1 and 2 on every rank, each into its own folder of `output_dir`; this rank's cost records.
+
+    With the comms logger on, rank 0 also prints DeepSpeed's own `log_summary` table for these routes alone
+    (a cross-check of the per-save figures; it is collective, so every rank calls it).
+    """
+    import deepspeed.comm as ds_comm
+
     routes = [("gathered16", save_gathered16)] * gathered16 + [("per_param", save_per_param)] * per_param
+    summarise = bool(routes) and ds_comm.comms_logger.enabled
+    if summarise:
+        ds_comm.reset_log()  # the summary below then covers the consolidated saves only
     costs = []
     for mode, save in routes:
         folder = Path(output_dir) / mode
         cost = measure.measure(mode, partial(save, engine, folder), rank=rank, device=device,
                                written=lambda folder=folder: measure.files_under(folder) if rank == 0 else [])
         costs.append(cost.to_dict())
+    if summarise:
+        ds_comm.log_summary()
     return costs
 
 
@@ -116,6 +127,8 @@ def save_reference(engine: Any, input_ids: Any, output_dir: str | Path, rank: in
     The partitions are the raw `ds_tensor` slices each rank holds, copied with no collective and no DeepSpeed
     consolidation code; `reference_state_dict` joins them with plain torch. So the reference is independent of
     all four routes. The logits come from the engine's own forward pass (eval mode: no dropout), on every rank.
+    In bf16 runs the slices are the bf16 weights the engine computes with (fp32 master weights live in the
+    optimizer), so there the routes that read fp32 master weights match up to that cast.
     """
     import torch
 

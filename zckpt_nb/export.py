@@ -46,8 +46,8 @@ def available_tags(ckpt_dir: Path) -> list[str]:
     return sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and any(p.glob("zero_pp_rank_*_states.pt")))
 
 
-def check_checkpoint(ckpt_dir: Path, tag: str | None) -> tuple[str, int]:
-    """Raise UsageError unless `ckpt_dir` holds a complete ZeRO-3 checkpoint `tag`; return (tag, world size)."""
+def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
+    """Raise UsageError unless `ckpt_dir` holds a complete ZeRO-3 checkpoint `tag`; return the tag."""
     from zckpt_nb.inspect import rank_files
 
     if not ckpt_dir.is_dir():
@@ -69,7 +69,10 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None) -> tuple[str, int]:
             raise UsageError(f"incomplete checkpoint {ckpt_dir / tag}: rank {rank} of {world} has no "
                              f"{' and no '.join(m + '_states file' for m in missing)}; the save did not finish on "
                              "every rank, export another --tag")
-    return tag, world
+    if not (ckpt_dir / "tokenizer.json").is_file():
+        raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
+    model_config(ckpt_dir)  # raises UsageError when there is nothing to rebuild the model from
+    return tag
 
 
 def saved_world_size(model_states: Path) -> int:
@@ -92,8 +95,12 @@ def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
     """Raise UsageError unless `out_dir` may be (re)written without touching the checkpoint."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"output {out_dir} is a file; choose a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace it")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace it")
+        if not (out_dir / "config.json").is_file():  # --overwrite deletes: only ever a previous export
+            raise UsageError(f"output folder {out_dir} is not empty and holds no config.json, so it is not a "
+                             "previous export; --overwrite only replaces one of those: choose another folder")
     if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
         raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
     check_writable(out_dir)
@@ -156,8 +163,6 @@ def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: str | int
     """Write the model (transformers' save_pretrained: safetensors, tied weights once) and the tokenizer."""
     from transformers import AutoTokenizer
 
-    if not (ckpt_dir / "tokenizer.json").is_file():
-        raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
     full_model(ckpt_dir, tag).save_pretrained(str(dest), max_shard_size=max_shard_size)
     AutoTokenizer.from_pretrained(str(ckpt_dir)).save_pretrained(str(dest))
 
@@ -181,7 +186,7 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
     """
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
-    tag, _ = check_checkpoint(ckpt_dir, tag)
+    tag = check_checkpoint(ckpt_dir, tag)
     check_out_dir(out_dir, ckpt_dir, overwrite)
     check_shard_size(max_shard_size)
     created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
@@ -239,12 +244,17 @@ def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> st
     return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False)[0]["generated_text"]
 
 
-def logits(model_dir: str | Path, input_ids: Any) -> Any:
-    """The exported model's logits on `input_ids`, loaded with transformers alone (eval mode: no dropout)."""
-    import torch
+def load_model(model_dir: str | Path) -> Any:
+    """An exported model, loaded with transformers alone, in eval mode (no dropout)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    return AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+
+
+def logits(model: Any, input_ids: Any) -> Any:
+    """`model`'s logits on `input_ids`, without building a graph."""
+    import torch
+
     with torch.no_grad():
         return model(input_ids=input_ids).logits
 
@@ -272,17 +282,18 @@ def deepspeed_safe_serialization(ckpt_dir: str | Path, out_dir: str | Path, time
     cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--safe_serialization"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")))
-    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if "Error" in line]
-    return done.returncode, (lines[-1] if lines else "")
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if line.split(":")[0].endswith("Error")]
+    # Python prints the exception's name, then its message on the following lines: keep both, in one line
+    return done.returncode, " ".join(lines[errors[-1]:errors[-1] + 2]) if errors else ""
 
 
 def reload_check(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
                  max_new_tokens: int = 30) -> dict[str, Any]:
     """Load an export with transformers alone; logits against a reference file, generated text, imported modules."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    model = load_model(model_dir)
     report: dict[str, Any] = {
         "class": type(model).__name__, "dtype": str(model.dtype),
         "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
@@ -290,8 +301,7 @@ def reload_check(model_dir: str | Path, reference: str | Path | None = None, pro
     }
     if reference is not None:
         ref = torch.load(reference, map_location="cpu", weights_only=True)
-        with torch.no_grad():
-            out = model(input_ids=ref["input_ids"]).logits
+        out = logits(model, ref["input_ids"])
         report["max_abs_logit_diff"] = float((out - ref["logits"]).abs().max())
         report["logits_shape"] = list(out.shape)
     report["deepspeed_imported"] = "deepspeed" in sys.modules

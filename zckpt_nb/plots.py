@@ -61,7 +61,7 @@ def table(rows: list[dict[str, object]]) -> object:
     from IPython.display import Markdown
 
     def cell(v: object) -> str:
-        if isinstance(v, bool):
+        if isinstance(v, bool):  # before int: bool is an int subclass, and "1" is not what a check table means
             return "yes" if v else "no"
         return f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v)
 
@@ -79,7 +79,7 @@ def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figur
     modes = [m for m in MODES if any(c["mode"] == m for c in costs)]
     ranks = sorted({c["rank"] for c in costs})
     last = {(c["mode"], c["rank"]): c for c in costs}  # the newest save of each (mode, rank)
-    panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak memory (MiB)"),
+    panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak RSS (MiB)"),
               ("heap_extra_peak_bytes", 2**20, "extra peak heap allocations (MiB)"),
               ("bytes_written", 2**20, "bytes written (MiB)"), ("bytes_read", 2**20, "checkpoint bytes read (MiB)"),
               ("comm_bytes", 2**20, "collective bytes logged (MiB)")]
@@ -89,7 +89,7 @@ def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figur
         for i, rank in enumerate(ranks):
             values = [((last.get((m, rank)) or {}).get(key) or 0) / scale for m in modes]
             ax.bar([x + i * width for x in range(len(modes))], values, width, label=f"rank {rank}")
-        ax.set_xticks([x + width * (len(ranks) - 1) / 2 for x in range(len(modes))], modes)
+        ax.set_xticks([x + width * (len(ranks) - 1) / 2 for x in range(len(modes))], modes, rotation=20, fontsize=8)
         ax.set(title=ylabel.split(" (")[0], xlabel="route", ylabel=ylabel)
     axes.flat[0].legend()
     fig.suptitle(title)
@@ -128,5 +128,25 @@ def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
     for ax in axes.flat:
         ax.set_xlabel("save mode, world size, rank")
     fig.suptitle(title)
+    fig.tight_layout()
+    return add_caption(fig, caption)
+
+
+def plot_against_model(summary: Sequence[dict], model_bytes: int, *, title: str, caption: str) -> Figure:
+    """Per route, what was gathered, broadcast, allocated on rank 0 and written by rank 0, in units of the full
+    model (P x bytes per parameter): the seed's table predicts 1 for a consolidated save."""
+    mib = model_bytes / 2**20
+    metrics = {"all-gathered": lambda r: r["all-gathered / model"], "broadcast": lambda r: r["broadcast / model"],
+               "rank-0 extra heap": lambda r: (r["extra heap MiB, rank 0"] if r["extra heap MiB, rank 0"] != "-"
+                                               else 0) / mib,
+               "rank-0 written": lambda r: r["written MiB, rank 0"] / mib}
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    width = 0.8 / len(metrics)
+    for i, (name, value) in enumerate(metrics.items()):
+        ax.bar([x + i * width for x in range(len(summary))], [value(r) for r in summary], width, label=name)
+    ax.set_xticks([x + width * (len(metrics) - 1) / 2 for x in range(len(summary))], [r["route"] for r in summary])
+    ax.axhline(1.0, color="black", ls=":", lw=1, label="one full model (P x 4 B)")
+    ax.set(title=title, xlabel="route", ylabel="bytes / full model bytes (ratio)")
+    ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     return add_caption(fig, caption)
