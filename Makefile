@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(PY) -m ruff check zckpt_nb tests
+	$(PY) -m ruff check zckpt_nb tests benchmarks
 
 clean:
 	rm -rf build .pytest_cache

@@ -78,7 +78,12 @@ def test_interrupting_the_caller_leaves_no_orphan_rank(tmp_path):
             break
     assert len(procs_mentioning(str(out))) >= 3  # torchrun and two ranks
     proc.send_signal(signal.SIGINT)  # what Jupyter's "interrupt kernel" sends
-    proc.communicate(timeout=60)
+    try:
+        proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        left = [" ".join(p.cmdline()) for p in procs_mentioning(str(out))]
+        proc.kill()
+        pytest.fail(f"the launcher did not exit within 120 s of SIGINT; still alive: {left}")
     deadline = time.monotonic() + 15
     while procs_mentioning(str(out)) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -55,6 +55,15 @@ def client_state(step: int, seed: int) -> dict[str, Any]:
     return {CLIENT_KEY: {"step": step, "seed": seed, "rng": rng_state()}}
 
 
+SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")  # written once, beside the tags
+
+
+def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
+    """What rank 0 writes beside the checkpoints: the tokenizer, and config.json (what `export` rebuilds from)."""
+    tokenizer.save_pretrained(folder)
+    engine.module.config.save_pretrained(folder)
+
+
 def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state: dict[str, Any], *,
                      keep_last: int = 0, identity: dict[str, Any] | None = None) -> Any:
     """Save a partitioned checkpoint from *every* rank through the commit protocol; returns its `SaveOutcome`.
@@ -69,7 +78,8 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
     step = state[CLIENT_KEY]["step"]
     tag, prepare = f"global_step{step}", None
     if dist.get_rank() == 0:  # one process creates the directory and writes the tokenizer ...
-        prepare = partial(commit.prepare_folder, output_dir, tag, tokenizer.save_pretrained)
+        prepare = partial(commit.prepare_folder, output_dir, tag, partial(write_shared, engine, tokenizer),
+                          SHARED_FILES)
     # ... but every rank saves its shard, and the checkpoint counts once every rank's shard is on disk
     return commit.save(engine, output_dir, tag, state, step=step, identity=identity or {}, keep_last=keep_last,
                        prepare=prepare)
@@ -90,7 +100,8 @@ def rank_files(output_dir: str | Path, tag: str, rank: int) -> list[dict[str, An
     root = Path(output_dir)
     paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))
     if rank == 0:
-        shared = ["latest", "zero_to_fp32.py", "zero_to_torch.py", "tokenizer.json", "tokenizer_config.json"]
+        shared = ["latest", "zero_to_fp32.py", "zero_to_torch.py", "tokenizer.json", "tokenizer_config.json",
+                  "config.json"]
         paths += [root / name for name in shared if (root / name).is_file()]
     return [{"path": str(p.relative_to(root)), "bytes": p.stat().st_size} for p in paths]
 
@@ -102,7 +113,7 @@ def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
     src, dst = Path(src), Path(dst)
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src / tag, dst / tag)
-    for name in ("tokenizer.json", "tokenizer_config.json", "zero_to_fp32.py"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "zero_to_fp32.py"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
     (dst / "latest").write_text(tag)

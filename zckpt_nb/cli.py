@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run = launch(args.nproc, args.steps, args.output_dir, save_checkpoint=args.save_checkpoint,
                  save_every=args.save_every, resume=args.resume, model=args.model, seed=args.seed,
-                 timeout=args.timeout, extra=["--dtype", args.dtype, *save_flags(args)])
+                 timeout=args.timeout, extra=["--dtype", args.dtype, *save_flags(args)] + [
+                     f"--{flag}" for flag in ("save_16bit", "save_gathered", "save_reference") if getattr(args, flag)])
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
     print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
@@ -32,7 +34,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from zckpt_nb.inspect import format_inspection, inspect_checkpoint, inspection_json
 
     try:
-        info = inspect_checkpoint(args.ckpt_dir, args.tag)
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout on import; keep --json clean
+            info = inspect_checkpoint(args.ckpt_dir, args.tag)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
     print(inspection_json(info) if args.json else format_inspection(info))
@@ -51,6 +54,39 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_costs(args: argparse.Namespace) -> int:
+    from zckpt_nb.costs import format_prediction, predict, prediction_json
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
+    pred = predict(args.model, args.nproc, args.dtype)
+    print(prediction_json(pred) if args.json else format_prediction(pred))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from zckpt_nb import compare
+    from zckpt_nb.plots import plot_compare
+
+    check_writable_dir(args.output_dir)
+    records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, steps=args.steps,
+                              timeout=args.timeout, reuse=not args.fresh)
+    fig = plot_compare(records, title=f"Save modes compared: {args.model}, N = {args.nproc}",
+                       caption="Predicted (cost model) against measured (files, RSS, DeepSpeed comms logger).")
+    fig.savefig(Path(args.output_dir) / "compare.png", dpi=110, bbox_inches="tight")
+    for row in compare.agreement(records):
+        print("  ".join(f"{k}: {v}" for k, v in row.items()))
+    print(f"{len(records)} records in {Path(args.output_dir) / compare.RESULTS}; plots in compare.png")
+    return 0
+
+
+def check_writable_dir(path: str) -> None:
+    """One clear line when the output folder cannot be written (before anything runs)."""
+    from zckpt_nb.launch import check_writable
+
+    check_writable(Path(path).resolve())
+
+
 def cmd_notebooks(args: argparse.Namespace) -> int:
     from zckpt_nb.notebooks import run_all
 
@@ -58,7 +94,27 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from zckpt_nb.export import export
+
+    out = export(args.ckpt_dir, args.out_dir, tag=args.tag, max_shard_size=args.max_shard_size,
+                 overwrite=args.overwrite)
+    files = sorted(p for p in out.iterdir() if p.is_file())
+    print(f"exported {args.ckpt_dir} to {out}: {len(files)} files, {sum(p.stat().st_size for p in files):,} bytes "
+          f"({', '.join(p.name for p in files)})")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from zckpt_nb.export import generate
+
+    print(generate(args.model_dir, args.prompt, args.max_new_tokens))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from zckpt_nb.measure import MODES
+    from zckpt_nb.model import PRESETS
     from zckpt_nb.train import add_train_args
 
     parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
@@ -79,6 +135,37 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("ckpt_dir")
     ver.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     ver.set_defaults(func=cmd_verify)
+
+    costs = sub.add_parser("costs", help="predict per-rank state and save costs from the model config alone")
+    costs.add_argument("--model", default="tiny", choices=sorted(PRESETS))
+    costs.add_argument("--nproc", type=int, default=2)
+    costs.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    costs.add_argument("--json", action="store_true")
+    costs.set_defaults(func=cmd_costs)
+
+    exp = sub.add_parser("export", help="a ZeRO-3 checkpoint as a Hugging Face folder (safetensors, tokenizer)")
+    exp.add_argument("ckpt_dir")
+    exp.add_argument("out_dir")
+    exp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
+    exp.add_argument("--max_shard_size", default="5GB", help="split the weights into shards of at most this size")
+    exp.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    exp.set_defaults(func=cmd_export)
+
+    gen = sub.add_parser("generate", help="greedy text from an exported model, without DeepSpeed")
+    gen.add_argument("model_dir")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max_new_tokens", type=int, default=40)
+    gen.set_defaults(func=cmd_generate)
+
+    cmp = sub.add_parser("compare", help="measure save modes across world sizes against the cost model")
+    cmp.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    cmp.add_argument("--model", default="tiny", choices=sorted(PRESETS))
+    cmp.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    cmp.add_argument("--output_dir", required=True)
+    cmp.add_argument("--steps", type=int, default=5, help="training steps before the saves")
+    cmp.add_argument("--timeout", type=float, default=1800, help="per world size; kills every rank when passed")
+    cmp.add_argument("--fresh", action="store_true", help="measure again instead of reusing DIR/compare.json")
+    cmp.set_defaults(func=cmd_compare)
 
     nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
     nbs.add_argument("--notebooks", default="notebooks")

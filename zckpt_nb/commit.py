@@ -224,9 +224,9 @@ def nearest_existing(path: Path) -> Path:
 def write_once(save_dir: Path, write: Callable[[str], Any]) -> None:
     """Run `write(folder)` into a temporary folder and move its files into `save_dir` atomically.
 
-    Used for the tokenizer: written on the first save only, so a later full disk cannot truncate it.
+    Used for the tokenizer and config: written on the first save only, so a later full disk cannot truncate them.
     """
-    tmp = save_dir / ".zckpt_tmp_tokenizer"
+    tmp = save_dir / ".zckpt_tmp_shared"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write(str(tmp))
@@ -238,8 +238,9 @@ def write_once(save_dir: Path, write: Callable[[str], Any]) -> None:
     fsync_dir(save_dir)
 
 
-def prepare_folder(save_dir: str | Path, tag: str, write_tokenizer: Callable[[str], Any] | None = None) -> None:
-    """Rank 0 before a save: the folder, the tokenizer (once), and no stale files of an uncommitted try of `tag`."""
+def prepare_folder(save_dir: str | Path, tag: str, write_shared: Callable[[str], Any] | None = None,
+                   shared: tuple[str, ...] = ("tokenizer.json",)) -> None:
+    """Rank 0 before a save: the folder, the `shared` files (once), no stale files of an uncommitted try of `tag`."""
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     if tag in committed_tags(save_dir):
@@ -248,8 +249,8 @@ def prepare_folder(save_dir: str | Path, tag: str, write_tokenizer: Callable[[st
     if (save_dir / tag).is_dir():  # debris of a crashed save of the same tag
         for path in (save_dir / tag).iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    if write_tokenizer and not (save_dir / "tokenizer.json").is_file():
-        write_once(save_dir, write_tokenizer)
+    if write_shared and not all((save_dir / name).is_file() for name in shared):
+        write_once(save_dir, write_shared)
 
 
 def preflight(save_dir: Path, need: int, rank: int, prepare: Callable[[], None] | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ class RankShard:
     files: dict[str, int]  # file name -> bytes
     partition_numel: int  # fp32 parameter elements this rank owns, padding included
     optimizer_numel: int  # elements of Adam's moment tensors for that partition
+    payload_bytes: int  # bytes of tensor data in the rank's files; the rest of `bytes` is pickle header
 
     @property
     def bytes(self) -> int:
@@ -62,15 +63,30 @@ def rank_files(tag_dir: Path) -> dict[int, dict[str, Path]]:
     return found
 
 
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of tensor data anywhere inside a loaded checkpoint object (dicts, lists, tuples)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
 def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
     """Sizes and element counts of one rank's files."""
-    optim = _load(paths["optim"])["optimizer_state_dict"]
+    loaded = {kind: _load(path) for kind, path in paths.items()}
+    optim = loaded["optim"]["optimizer_state_dict"]
     moments = optim["optimizer_state_dict"]["state"].values()
     return RankShard(
         rank=rank,
         files={p.name: p.stat().st_size for p in paths.values()},
         partition_numel=sum(t.numel() for t in optim["fp32_flat_groups"]),
         optimizer_numel=sum(v.numel() for s in moments for v in s.values() if getattr(v, "dim", lambda: 0)() > 0),
+        payload_bytes=sum(tensor_bytes(obj) for obj in loaded.values()),
     )
 
 

@@ -61,6 +61,8 @@ def table(rows: list[dict[str, object]]) -> object:
     from IPython.display import Markdown
 
     def cell(v: object) -> str:
+        if isinstance(v, bool):  # before int: bool is an int subclass, and "1" is not what a check table means
+            return "yes" if v else "no"
         return f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v)
 
     head = list(rows[0])
@@ -94,4 +96,83 @@ def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Fig
         bottom = [b + m for b, m in zip(bottom, ms)]
     ax.set(title=title, xlabel="checkpoint tag", ylabel="time on rank 0 (ms)")
     ax.legend()
+
+def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figure:
+    """Six panels of grouped bars, one group per route and one bar per rank: time, extra peak RSS, extra peak heap
+    allocations, bytes written, bytes read, bytes moved by collectives (as DeepSpeed's comms logger recorded them)."""
+    from zckpt_nb.measure import MODES
+
+    modes = [m for m in MODES if any(c["mode"] == m for c in costs)]
+    ranks = sorted({c["rank"] for c in costs})
+    last = {(c["mode"], c["rank"]): c for c in costs}  # the newest save of each (mode, rank)
+    panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak RSS (MiB)"),
+              ("heap_extra_peak_bytes", 2**20, "extra peak heap allocations (MiB)"),
+              ("bytes_written", 2**20, "bytes written (MiB)"), ("bytes_read", 2**20, "checkpoint bytes read (MiB)"),
+              ("comm_bytes", 2**20, "collective bytes logged (MiB)")]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 6.6))
+    width = 0.8 / len(ranks)
+    for ax, (key, scale, ylabel) in zip(axes.flat, panels):
+        for i, rank in enumerate(ranks):
+            values = [((last.get((m, rank)) or {}).get(key) or 0) / scale for m in modes]
+            ax.bar([x + i * width for x in range(len(modes))], values, width, label=f"rank {rank}")
+        ax.set_xticks([x + width * (len(ranks) - 1) / 2 for x in range(len(modes))], modes, rotation=20, fontsize=8)
+        ax.set(title=ylabel.split(" (")[0], xlabel="route", ylabel=ylabel)
+    axes.flat[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return add_caption(fig, caption)
+
+
+def _paired_bars(ax, labels: list[str], first: list[float], second: list[float] | None, names: tuple[str, str]) -> None:
+    """Bars for `first` (and `second` beside it, when given) over the same labels."""
+    xs = range(len(labels))
+    width = 0.4 if second is not None else 0.8
+    ax.bar([x - (width / 2 if second is not None else 0) for x in xs], first, width, label=names[0])
+    if second is not None:
+        ax.bar([x + width / 2 for x in xs], second, width, label=names[1])
+    ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
+    ax.legend(fontsize=7)
+
+
+def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
+    """Four panels per (mode, N, rank): bytes written, peak memory, seconds, collective bytes; predicted vs measured."""
+    labels = [f"{r['mode']} N={r['world_size']} r{r['rank']}" for r in records]
+    kib, mib = 2**10, 2**20
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
+    (a, b), (c, d) = axes
+    _paired_bars(a, labels, [r["predicted_bytes"] / kib for r in records],
+                 [r["measured_payload_bytes"] / kib for r in records], ("predicted", "measured payload"))
+    a.set(title="Bytes written per rank", ylabel="bytes written (KiB)")
+    _paired_bars(b, labels, [r["predicted_extra_peak_bytes"] / mib for r in records],
+                 [r["measured_extra_peak_bytes"] / mib for r in records], ("predicted", "measured"))
+    b.set(title="Extra memory at the save's peak, per rank", ylabel="extra peak memory (MiB)")
+    _paired_bars(c, labels, [r["seconds"] for r in records], None, ("wall time", ""))
+    c.set(title="Time per rank", ylabel="wall time (s)")
+    _paired_bars(d, labels, [r["predicted_comm_bytes"] / kib for r in records],
+                 [(r["logged_comm_bytes"] or 0) / kib for r in records], ("predicted", "comms logger"))
+    d.set(title="Bytes moved by collectives per rank", ylabel="collective bytes (KiB)")
+    for ax in axes.flat:
+        ax.set_xlabel("save mode, world size, rank")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return add_caption(fig, caption)
+
+
+def plot_against_model(summary: Sequence[dict], model_bytes: int, *, title: str, caption: str) -> Figure:
+    """Per route, what was gathered, broadcast, allocated on rank 0 and written by rank 0, in units of the full
+    model (P x bytes per parameter): the seed's table predicts 1 for a consolidated save."""
+    mib = model_bytes / 2**20
+    metrics = {"all-gathered": lambda r: r["all-gathered / model"], "broadcast": lambda r: r["broadcast / model"],
+               "rank-0 extra heap": lambda r: (r["extra heap MiB, rank 0"] if r["extra heap MiB, rank 0"] != "-"
+                                               else 0) / mib,
+               "rank-0 written": lambda r: r["written MiB, rank 0"] / mib}
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    width = 0.8 / len(metrics)
+    for i, (name, value) in enumerate(metrics.items()):
+        ax.bar([x + i * width for x in range(len(summary))], [value(r) for r in summary], width, label=name)
+    ax.set_xticks([x + width * (len(metrics) - 1) / 2 for x in range(len(summary))], [r["route"] for r in summary])
+    ax.axhline(1.0, color="black", ls=":", lw=1, label="one full model (P x 4 B)")
+    ax.set(title=title, xlabel="route", ylabel="bytes / full model bytes (ratio)")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
     return add_caption(fig, caption)

@@ -17,10 +17,11 @@ import sys
 import time
 import warnings
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, verify
+from zckpt_nb import checkpoint, commit, consolidate, measure, verify
 from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset, param_count
 
 
@@ -45,6 +46,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--save_mode", default="commit", choices=["commit", "plain", "rank0_only"],
                         help="commit: the commit protocol; plain: DeepSpeed's save alone (benchmark baseline); "
                              "rank0_only: the seed's hanging snippet (notebook 06)")
+    parser.add_argument("--save_16bit", action="store_true",
+                        help="after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
+    parser.add_argument("--save_gathered", action="store_true",
+                        help="after training, save DIR/per_param/ gathering one parameter at a time (route 2)")
+    parser.add_argument("--save_reference", action="store_true",
+                        help="after training, write each rank's raw partitions and the engine's logits on a "
+                             "fixed batch to DIR/reference/ (what the equality checks compare against)")
     return parser
 
 
@@ -78,10 +86,8 @@ def seed_everything(seed: int) -> None:
 
 def peak_memory_bytes(device: str) -> int:
     """This rank's peak memory: allocated GPU memory on GPUs, the process's max RSS on CPU."""
-    import torch
-
     if device.startswith("cuda"):
-        return int(torch.cuda.max_memory_allocated())
+        return measure.device_peak_bytes()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -173,7 +179,9 @@ def train(argv: list[str] | None = None) -> None:
     tokens = data.encode_corpus(tokenizer)
 
     # The model is built partitioned: no rank ever holds all of it.
-    config = ds_config(args.model, steps=args.steps, bf16=bf16)
+    saving = args.save_checkpoint or args.save_every or args.save_16bit or args.save_gathered
+    config = ds_config(args.model, steps=args.steps, bf16=bf16, gather_16bit_on_save=args.save_16bit,
+                       comms_logger=bool(saving))  # its per-op byte counts give each save's collective bytes
     model, _hf_ds_config = build_model(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
@@ -183,7 +191,7 @@ def train(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, save_seconds, saves, failed = [], [], 0.0, [], []
+    steps, losses, save_seconds, saves, failed, save_costs = [], [], 0.0, [], [], []
     engine.train()
     for step in range(start_step, args.steps):
         batch = data.batch_for_step(tokens, step=step, rank=rank, seed=args.seed,
@@ -197,7 +205,9 @@ def train(argv: list[str] | None = None) -> None:
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
         done = step + 1
         if (args.save_every and done % args.save_every == 0) or (args.save_checkpoint and done == args.steps):
-            outcome = save(args, engine, tokenizer, done, identity)
+            cost, outcome = measure.measure_partitioned(partial(save, args, engine, tokenizer, done, identity),
+                                                        args.output_dir, step=done, rank=rank, device=device)
+            save_costs.append(cost.to_dict())
             save_seconds += outcome.seconds
             saves.append(outcome.record())
             if not outcome.committed:
@@ -206,6 +216,12 @@ def train(argv: list[str] | None = None) -> None:
             elif rank == 0:
                 print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
 
+    save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
+                                         per_param=args.save_gathered, rank=rank, device=device)
+    if args.save_reference:
+        fixed = data.batch_for_step(tokens, step=args.steps, rank=0, seed=args.seed, batch=2, seq_len=preset.seq_len)
+        consolidate.save_reference(engine, fixed.to(device), args.output_dir, rank)
+
     tag = checkpoint.latest_tag(args.output_dir) if len(saves) > len(failed) else None
     records = gather_rank_records({
         "rank": rank,
@@ -213,7 +229,9 @@ def train(argv: list[str] | None = None) -> None:
         "save_seconds": save_seconds,
         "saves": saves,
         "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
+        "save_costs": save_costs,
     })
+    costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs
     if rank == 0:
         run = {
             "world_size": world, "backend": backend, "device": device, "model": args.model,
@@ -222,7 +240,7 @@ def train(argv: list[str] | None = None) -> None:
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
             "save_mode": args.save_mode, "failed_saves": failed,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
-            "ranks": records,
+            "save_costs": costs, "ranks": records,
         }
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "run.json").write_text(json.dumps(run, indent=1))

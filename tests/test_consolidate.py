@@ -1,0 +1,259 @@
+"""Four routes to one full model, on a real 2-rank ZeRO-3 run: equal to the engine's weights, costs measured."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from zckpt_nb import consolidate, measure
+from zckpt_nb.export import corpus_overlap, measure_export, reload_in_fresh_process
+from zckpt_nb.launch import launch
+
+STEPS = 150  # enough for greedy text that reads like the corpus
+ROUTE_FLAGS = ["--save_16bit", "--save_gathered", "--save_reference"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zckpt_nb", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def routes_run(tmp_path_factory):
+    """Train tiny on 2 CPU ranks, save partitioned, then routes 1 and 2 and the independent reference."""
+    out = tmp_path_factory.mktemp("routes")
+    return launch(2, STEPS, out, save_checkpoint=True, extra=ROUTE_FLAGS, verbose=False, progress=False, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def reference(routes_run):
+    return consolidate.reference_state_dict(routes_run.output_dir)
+
+
+@pytest.fixture(scope="module")
+def offline(routes_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("offline") / "fp32"
+    return out, consolidate.measure_offline(routes_run.output_dir, out)
+
+
+@pytest.fixture(scope="module")
+def hf(routes_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf") / "model"
+    return out, measure_export(routes_run.output_dir, out)
+
+
+# --- fast checks of the measuring and comparing pieces (no distributed job) ---
+
+def test_peak_rss_sees_a_large_allocation_during_the_block():
+    cost = measure.measure("probe", lambda: torch.ones(50_000_000).sum(), written=list)
+    assert cost.extra_peak_bytes >= 150 * 2**20 and cost.peak_memory_bytes >= cost.extra_peak_bytes
+    assert cost.heap_extra_peak_bytes >= 190 * 2**20  # the 200 MB tensor, seen by malloc's own count
+    assert cost.comm_bytes == 0 and cost.bytes_written == 0  # no process group: nothing could be communicated
+
+
+def test_comm_delta_keeps_only_what_happened_between_snapshots():
+    before = {"all_gather_into_tensor": {100: 3}, "barrier": {0: 1}}
+    after = {"all_gather_into_tensor": {100: 4, 300: 1}, "barrier": {0: 1}, "broadcast": {64: 1}}
+    assert measure.comm_delta(before, after) == {
+        "all_gather_into_tensor": {"count": 2, "bytes": 400, "max_bytes": 300},
+        "broadcast": {"count": 1, "bytes": 64, "max_bytes": 64}}
+    assert measure.comm_delta(None, after) is None
+
+
+def test_compare_catches_one_changed_element_and_a_missing_tensor():
+    ref = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(4)}
+    same = {k: v.clone() for k, v in ref.items()}
+    assert consolidate.compare(same, ref)["exact"]
+    same["a"][1, 2] += 1e-6
+    result = consolidate.compare(same, ref)
+    assert not result["exact"] and result["max_abs_diff"] > 0
+    assert consolidate.compare({"a": ref["a"]}, ref)["missing"] == ["b"]
+
+
+# --- the routes agree with the engine's own weights ---
+
+def test_reference_holds_every_parameter_of_the_engine(routes_run, reference):
+    assert sum(t.numel() for t in reference.values()) == routes_run.num_params
+    assert all(t.dtype == torch.float32 for t in reference.values())
+
+
+def route_weights(name, routes_run, offline, hf):
+    paths = {"gathered16": routes_run.output_dir / "gathered16", "per_param": routes_run.output_dir / "per_param",
+             "offline": offline[0], "hf": hf[0]}
+    return consolidate.load_weights(paths[name])
+
+
+@pytest.mark.parametrize("route", ["gathered16", "per_param", "offline", "hf"])
+def test_every_tensor_of_every_route_equals_the_engine_weights_exactly(route, routes_run, reference, offline, hf):
+    weights = route_weights(route, routes_run, offline, hf)
+    result = consolidate.compare(weights, reference)
+    assert result["missing"] == [] and result["bad_shape"] == []
+    assert result["exact"], f"{route}: max abs difference {result['max_abs_diff']}"
+    # route 1 is "16-bit" only when training is: CPU fp32 runs keep fp32, so it must be exact too
+    assert result["dtypes"] == ["torch.float32"]
+    # the only extra name allowed is GPT-2's tied head, and it must be the embedding
+    assert set(result["extra"]) <= {"lm_head.weight"}
+    if "lm_head.weight" in weights:
+        assert torch.equal(weights["lm_head.weight"], weights["transformer.wte.weight"])
+
+
+# --- what each route cost, from the files and DeepSpeed's comms logger ---
+
+def padded_param_bytes(reference, world):
+    """Bytes ZeRO-3 all-gathers for every parameter once: each is padded to a multiple of N elements."""
+    return sum(-(-t.numel() // world) * world * t.element_size() for t in reference.values())
+
+
+def test_save_costs_has_a_record_per_mode_and_rank(routes_run):
+    records = routes_run.data["save_costs"]
+    assert {(c["mode"], c["rank"]) for c in records} == {(m, r) for m in ("partitioned", "gathered16", "per_param")
+                                                         for r in (0, 1)}
+    keys = {"mode", "rank", "seconds", "peak_memory_bytes", "extra_peak_bytes", "bytes_written", "comm_bytes",
+            "comm_ops"}
+    assert all(keys <= set(c) and c["seconds"] > 0 and c["peak_memory_bytes"] > 0 for c in records)
+
+
+def test_bytes_written_are_the_files_each_rank_wrote(routes_run):
+    out = routes_run.output_dir
+    by = {(c["mode"], c["rank"]): c for c in routes_run.data["save_costs"]}
+    for rank in (0, 1):
+        files = routes_run.ranks[rank]["files"]
+        assert by["partitioned", rank]["bytes_written"] == sum(f["bytes"] for f in files)
+    for mode in ("gathered16", "per_param"):
+        assert by[mode, 0]["bytes_written"] == (out / mode / "pytorch_model.bin").stat().st_size > 0
+        assert by[mode, 1]["bytes_written"] == 0  # rank 0 writes the consolidated file; rank 1 only sends
+
+
+def test_collective_bytes_match_the_seed_table(routes_run, reference):
+    by = {(c["mode"], c["rank"]): c for c in routes_run.data["save_costs"]}
+    full = padded_param_bytes(reference, 2)
+    for rank in (0, 1):
+        # partitioned: no gather at all, only a few bytes of agreement (tag check) and barriers
+        assert by["partitioned", rank]["comm_bytes"] < 1024
+        assert "all_gather_into_tensor" not in by["partitioned", rank]["comm_ops"]
+        # per-parameter: one all-gather per tensor; DeepSpeed logs each rank's input, so over N ranks that is P
+        per_param = by["per_param", rank]["comm_ops"]
+        assert set(per_param) == {"all_gather_into_tensor"} and per_param["all_gather_into_tensor"]["count"] == len(
+            reference)
+    assert sum(by["per_param", r]["comm_bytes"] for r in (0, 1)) == full
+    # save_16bit_model gathers module by module (the tied embedding twice) and broadcasts each back from rank 0
+    g16 = by["gathered16", 0]["comm_ops"]
+    assert g16["all_gather_into_tensor"]["bytes"] * 2 > full and g16["broadcast"]["bytes"] > full
+    assert by["gathered16", 0]["comm_bytes"] > 2 * by["per_param", 0]["comm_bytes"]
+
+
+def test_deepspeed_prints_its_own_comms_summary_for_the_routes(routes_run):
+    rank0 = [line for line in routes_run.log if line.startswith("[rank 0]")]
+    header = next(i for i, line in enumerate(rank0) if "Comm. Op" in line)  # deepspeed.comm.log_summary's table
+    ops = {line.split("] ", 1)[1].strip() for line in rank0[header:] if line.split("] ", 1)[1][:1].isalpha()}
+    assert {"all_gather_into_tensor", "broadcast"} <= ops
+
+
+def test_offline_and_hf_read_every_shard_and_communicate_nothing(routes_run, offline, hf):
+    shards = sorted((routes_run.output_dir / routes_run.data["latest_tag"]).glob("zero_pp_rank_*"))
+    assert len(shards) == 4  # model and optimizer states of both ranks
+    for out, cost in (offline, hf):
+        assert cost.rank == 0 and cost.comm_bytes == 0 and cost.comm_ops == {}
+        assert cost.bytes_read == sum(p.stat().st_size for p in shards)
+        assert cost.bytes_written == sum(p.stat().st_size for p in measure.files_under(out)) > 0
+
+
+# --- the HF export, reloaded without DeepSpeed ---
+
+def test_hf_export_reloads_without_deepspeed_and_gives_the_engine_logits(routes_run, hf):
+    report = reload_in_fresh_process(hf[0], routes_run.output_dir / "reference" / "logits.pt")
+    assert report["deepspeed_imported"] is False
+    assert report["class"] == "GPT2LMHeadModel" and report["tied"] is True
+    assert report["logits_shape"][0] == 2 and report["max_abs_logit_diff"] <= 1e-5
+    assert {p.name for p in hf[0].iterdir()} >= {"config.json", "generation_config.json", "model.safetensors",
+                                                 "tokenizer.json", "tokenizer_config.json"}
+
+
+def test_generate_cli_writes_text_from_the_corpus(hf):
+    done = cli("generate", str(hf[0]), "--prompt", "The keeper", "--max_new_tokens", "40")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.strip()
+    assert text.startswith("The keeper") and len(text) > len("The keeper") + 20
+    overlap = corpus_overlap(text)
+    assert overlap["words in corpus"] >= 0.9 and len(overlap["trigrams in corpus"]) >= 3  # its words and phrases
+
+
+def test_corpus_overlap_is_low_for_text_from_elsewhere():
+    overlap = corpus_overlap("Quantum chromodynamics predicts asymptotic freedom of gluons at high energies")
+    assert overlap["words in corpus"] < 0.5 and overlap["trigrams in corpus"] == []
+
+
+def test_export_cli_shards_above_max_shard_size(routes_run, reference, tmp_path):
+    out = tmp_path / "sharded"
+    done = cli("export", str(routes_run.output_dir), str(out), "--max_shard_size", "200KB")
+    assert done.returncode == 0, done.stderr
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(out.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and set(index["weight_map"].values()) == {p.name for p in shards}
+    names_in = {p.name: [k for k, v in index["weight_map"].items() if v == p.name] for p in shards}
+    for p in shards:  # within the limit (plus the JSON header), unless one tensor alone is larger
+        assert p.stat().st_size <= 200_000 + 2**14 or len(names_in[p.name]) == 1
+    assert consolidate.compare(consolidate.load_weights(out), reference)["exact"]
+
+
+# --- bad input: one line, exit 2, nothing written ---
+
+def bad_checkpoint(kind, src, tmp_path):
+    """A folder that is not a usable checkpoint, made from the good one."""
+    if kind == "not_a_checkpoint":
+        (tmp_path / "plain").mkdir()
+        (tmp_path / "plain" / "notes.txt").write_text("hello")
+        return tmp_path / "plain"
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("gathered16", "per_param", "reference"))
+    tag = (dst / "latest").read_text().strip()
+    if kind == "missing_rank_file":
+        (dst / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    if kind == "no_tokenizer":
+        (dst / "tokenizer.json").unlink()
+    if kind == "truncated_shard":
+        path = dst / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        path.write_bytes(path.read_bytes()[:5000])
+    return dst
+
+
+@pytest.mark.parametrize("kind, extra, message", [
+    ("not_a_checkpoint", [], "not a ZeRO checkpoint"),
+    ("good", ["--tag", "global_step999"], "tag global_step999 does not exist"),
+    ("missing_rank_file", [], "incomplete checkpoint"),
+    ("truncated_shard", [], "cannot convert checkpoint"),
+    ("no_tokenizer", [], "has no tokenizer.json"),
+    ("good", ["--max_shard_size", "lots"], "is not a size"),
+])
+def test_export_refuses_bad_input_and_writes_nothing(routes_run, tmp_path, kind, extra, message):
+    ckpt = bad_checkpoint(kind, routes_run.output_dir, tmp_path) if kind != "good" else routes_run.output_dir
+    out = tmp_path / "exports" / "model"
+    done = cli("export", str(ckpt), str(out), *extra)
+    assert done.returncode == 2 and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "exports").exists(), "no output folder, no temporary folder left behind"
+
+
+def test_export_replaces_only_a_previous_export_and_only_with_overwrite(routes_run, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    for flags, message in (([], "not empty; pass --overwrite"), (["--overwrite"], "not a previous export")):
+        done = cli("export", str(routes_run.output_dir), str(mine), *flags)
+        assert done.returncode == 2 and message in done.stderr
+        assert [p.name for p in mine.iterdir()] == ["keep.txt"]
+    model = tmp_path / "model"
+    assert cli("export", str(routes_run.output_dir), str(model)).returncode == 0
+    (model / "stale.txt").write_text("from an older export")
+    assert cli("export", str(routes_run.output_dir), str(model)).returncode == 2
+    assert (model / "stale.txt").is_file()
+    assert cli("export", str(routes_run.output_dir), str(model), "--overwrite").returncode == 0
+    assert not (model / "stale.txt").exists() and (model / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "model"]  # no temporary folder left behind
+
+
+def test_generate_refuses_a_folder_that_is_not_a_model(tmp_path):
+    done = cli("generate", str(tmp_path), "--prompt", "The keeper")
+    assert done.returncode == 2 and "not a Hugging Face model folder" in done.stderr

@@ -1,0 +1,56 @@
+"""The cost model: exact arithmetic on synthetic shapes, and agreement with real shards at N = 1 and 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from zckpt_nb.costs import fixed_tensor_bytes, padding, predict, slice_numel, tensor_numels
+from zckpt_nb.inspect import inspect_checkpoint
+from zckpt_nb.launch import launch
+from zckpt_nb.model import param_count
+
+
+def test_each_tensor_is_padded_to_a_multiple_of_n():
+    assert slice_numel((10, 7), 4) == 3 + 2
+    assert padding((10, 7), 4) == 4 * 5 - 17
+    assert padding((12, 8), 4) == 0 and slice_numel((12, 8), 1) == 20
+
+
+def test_prediction_reads_p_from_the_config():
+    pred = predict("medium", 4, "bf16")
+    assert pred.num_params == param_count("medium") == sum(tensor_numels("medium"))
+    assert pred.partitioned["per_rank_bytes"] == [12 * pred.slice_numel + fixed_tensor_bytes()] * 4
+    assert pred.gathered["rank0_extra_peak_bytes"] == 2 * pred.num_params
+    # save_16bit_model meets GPT-2's tied wte twice (as wte and as lm_head); the per-parameter walk once
+    wte = 8192 * 768
+    assert pred.gathered["broadcast_bytes_per_rank"] == 2 * (pred.num_params + wte)
+    assert pred.gathered["allgather_bytes_per_rank"] == pred.per_param["allgather_bytes_per_rank"] + 2 * wte // 4
+    assert pred.slice_numel * 4 == pred.num_params + pred.padding_numel
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(tmp_path_factory):
+    return launch(1, 5, tmp_path_factory.mktemp("n1"), save_checkpoint=True, verbose=False, progress=False)
+
+
+@pytest.mark.parametrize("which", ["one_rank_run", "full_run"])
+def test_predicted_partitioned_bytes_match_the_shards_within_1_percent(which, request):
+    run = request.getfixturevalue(which)
+    info = inspect_checkpoint(run.output_dir)
+    pred = predict("tiny", info.world_size)
+    assert info.world_size == run.world_size
+    for shard, expected in zip(info.ranks, pred.partitioned["per_rank_bytes"]):
+        assert shard.partition_numel == pred.slice_numel
+        assert abs(shard.payload_bytes - expected) <= 0.01 * expected
+        assert shard.bytes > shard.payload_bytes  # the rest is the pickle header the notebook explains
+
+
+def test_costs_cli_json_has_per_rank_bytes():
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "costs", "--model", "tiny", "--nproc", "3", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert len(data["partitioned"]["per_rank_bytes"]) == 3
+    assert data["gathered"]["allgather_bytes_per_rank"] > 0 and data["gathered"]["rank0_extra_peak_bytes"] > 0

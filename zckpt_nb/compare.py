@@ -1,0 +1,189 @@
+"""Compare save modes across world sizes: the cost model's predictions against a real run, side by side.
+
+For each world size N one training launch saves a partitioned checkpoint and runs the in-training routes asked
+for (16-bit gather, per-parameter gather); the offline routes (zero_to_fp32, HF export) then run on that
+checkpoint in this process. Every figure comes from `zckpt_nb.measure` (files on disk, RSS or GPU allocator peaks,
+DeepSpeed's comms logger) and sits next to `zckpt_nb.costs.predict` in one record per (mode, N, rank).
+Results accumulate in `DIR/compare.json`, so asking again reuses what was already measured.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.costs import predict, predicted_for
+from zckpt_nb.measure import MODES
+
+IN_TRAINING_FLAGS = {"gathered16": "--save_16bit", "per_param": "--save_gathered"}
+RESULTS = "compare.json"
+
+
+def weights_payload(path: Path) -> int:
+    """Tensor bytes in a weights file (.bin or .safetensors), each tensor once (tied weights share one)."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            return sum(_slice_bytes(f.get_slice(k)) for k in f.keys())
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    # Distinct tensor regions, not whole storages: a tied tensor counts once, and a view into a larger buffer
+    # counts only its own bytes (torch.save writes the whole buffer; `measured_bytes` shows that file size).
+    regions = {(t.data_ptr(), t.numel() * t.element_size()) for t in state.values()}
+    return sum(size for _, size in regions)
+
+
+def _slice_bytes(sl: Any) -> int:
+    """Bytes of one safetensors entry, from its shape and dtype (no data read)."""
+    import math
+
+    sizes = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
+    return math.prod(sl.get_shape()) * sizes[sl.get_dtype()]
+
+
+def measured_payload(cost: dict[str, Any], shard_payloads: dict[int, int]) -> int:
+    """Tensor bytes this save wrote on this rank: shard payload (partitioned) or the weight files' tensors."""
+    if cost["mode"] == "partitioned":
+        return shard_payloads[cost["rank"]]
+    weights = [Path(f) for f in cost["files"] if Path(f).suffix in (".bin", ".safetensors")]
+    return sum(weights_payload(p) for p in weights)
+
+
+def record(model: str, n: int, dtype: str, cost: dict[str, Any], shard_payloads: dict[int, int]) -> dict[str, Any]:
+    """One comparison row: predicted and measured figures for one (mode, world size, rank)."""
+    return {"model": model, "mode": cost["mode"], "world_size": n, "rank": cost["rank"],
+            **predicted_for(predict(model, n, dtype), cost["mode"], cost["rank"]),
+            "measured_bytes": cost["bytes_written"], "measured_payload_bytes": measured_payload(cost, shard_payloads),
+            "peak_memory_bytes": cost["peak_memory_bytes"], "extra_peak_bytes": cost["extra_peak_bytes"],
+            # live heap above the start on CPU (RSS hides reused pages), allocator peak on GPU
+            "measured_extra_peak_bytes": cost.get("heap_extra_peak_bytes") or cost["extra_peak_bytes"],
+            "seconds": cost["seconds"], "logged_comm_bytes": cost["comm_bytes"],
+            "logged_comm_ops": {op: v["count"] for op, v in cost["comm_ops"].items()}}
+
+
+def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, steps: int = 5,
+                       timeout: float = 900, verbose: bool = False) -> list[dict[str, Any]]:
+    """Run every asked-for mode at world size `n` and return one record per (mode, rank)."""
+    from zckpt_nb.consolidate import measure_offline
+    from zckpt_nb.export import measure_export
+    from zckpt_nb.inspect import inspect_checkpoint
+    from zckpt_nb.launch import fresh_dir, launch
+
+    extra = [flag for mode, flag in IN_TRAINING_FLAGS.items() if mode in modes]
+    run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}"), save_checkpoint=True, model=model, extra=extra,
+                 timeout=timeout, verbose=verbose)
+    costs = [c for c in run.data["save_costs"] if c["mode"] in modes]
+    if "offline" in modes:
+        costs.append(measure_offline(run.output_dir, run.output_dir / "offline").to_dict())
+    if "hf" in modes:
+        costs.append(measure_export(run.output_dir, run.output_dir / "hf").to_dict())
+    payloads = {s.rank: s.payload_bytes for s in inspect_checkpoint(run.output_dir).ranks}
+    return [record(model, n, run.data["dtype"], c, payloads) for c in costs]
+
+
+def load_records(out_dir: Path) -> list[dict[str, Any]]:
+    """Records measured earlier into `out_dir/compare.json` (none when it does not exist)."""
+    path = Path(out_dir) / RESULTS
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def missing(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str]) -> list[int]:
+    """World sizes for which some asked-for mode has no record yet."""
+    have = {(r["model"], r["world_size"], r["mode"]) for r in records}
+    return [n for n in nprocs if any((model, n, m) not in have for m in modes)]
+
+
+def select(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str]) -> list[dict[str, Any]]:
+    """The records for this model, these world sizes and modes, in mode order."""
+    keep = [r for r in records if r["model"] == model and r["world_size"] in set(nprocs) and r["mode"] in modes]
+    return sorted(keep, key=lambda r: (MODES.index(r["mode"]), r["world_size"], r["rank"]))
+
+
+def check_request(nprocs: list[int], model: str, modes: list[str]) -> None:
+    """Reject bad input with one line before anything runs."""
+    from zckpt_nb.launch import UsageError, gpu_count
+    from zckpt_nb.model import get_preset
+
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(MODES)}")
+    gpus = gpu_count()
+    if not nprocs or min(nprocs) < 1 or (gpus and max(nprocs) > gpus):
+        raise UsageError(f"--nproc values must be >= 1{f' and <= {gpus} GPUs' if gpus else ''} (got {nprocs})")
+    try:
+        get_preset(model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def compare(nprocs: list[int], model: str, modes: list[str], output_dir: str | Path, *, steps: int = 5,
+            timeout: float = 900, reuse: bool = True, verbose: bool = False,
+            on_start: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Measure what is missing (everything with reuse=False), save DIR/compare.json, return the records asked for."""
+    check_request(nprocs, model, modes)
+    out = Path(output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    records = load_records(out) if reuse else []
+    for n in missing(records, model, nprocs, modes):
+        if on_start:
+            on_start(n)
+        fresh = measure_world_size(model, n, modes, out, steps=steps, timeout=timeout, verbose=verbose)
+        done = {(r["mode"], r["rank"]) for r in fresh}
+        records = [r for r in records if not (r["model"] == model and r["world_size"] == n
+                                              and (r["mode"], r["rank"]) in done)] + fresh
+        (out / RESULTS).write_text(json.dumps(records, indent=1))  # after each N: an interrupt keeps what was done
+    return select(records, model, nprocs, modes)
+
+
+def agreement(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (mode, N): worst payload error against the prediction and whether logged collective bytes matched."""
+    rows = []
+    for key in sorted({(r["mode"], r["world_size"]) for r in records}, key=lambda k: (MODES.index(k[0]), k[1])):
+        group = [r for r in records if (r["mode"], r["world_size"]) == key]
+        errors = [abs(r["measured_payload_bytes"] / r["predicted_bytes"] - 1) for r in group if r["predicted_bytes"]]
+        comm = [(r["predicted_comm_bytes"], r["logged_comm_bytes"]) for r in group]
+        rows.append({"mode": key[0], "N": key[1], "worst payload error (%)": round(100 * max(errors, default=0), 3),
+                     "collective bytes: predicted = logged": all(p == g for p, g in comm),
+                     "predicted collective bytes per rank": comm[0][0],
+                     "logged per rank": ", ".join(str(g) for _, g in comm)})
+    return rows
+
+
+def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The comparison as a table a person reads: one row per (mode, N, rank), sizes in KiB."""
+    kib = 1024
+    return [{"mode": r["mode"], "N": r["world_size"], "rank": r["rank"],
+             "written KiB (pred / meas payload)": f"{r['predicted_bytes'] / kib:,.1f} / "
+                                                  f"{r['measured_payload_bytes'] / kib:,.1f}",
+             "file KiB": round(r["measured_bytes"] / kib, 1),
+             "collective KiB (pred / logged)": f"{r['predicted_comm_bytes'] / kib:,.1f} / "
+                                               f"{(r['logged_comm_bytes'] or 0) / kib:,.1f}",
+             "peak RSS MiB": round(r["peak_memory_bytes"] / 2**20, 1),
+             "extra peak MiB (pred / meas)": f"{r['predicted_extra_peak_bytes'] / 2**20:.2f} / "
+                                             f"{r['measured_extra_peak_bytes'] / 2**20:.2f}",
+             "seconds": round(r["seconds"], 3)} for r in records]
+
+
+def explain_differences(records: list[dict[str, Any]]) -> list[str]:
+    """One sentence, with the numbers, for every figure that does not equal its prediction."""
+    from zckpt_nb.costs import module_walk_numels
+
+    lines = []
+    for r in records:
+        where = f"{r['mode']} N={r['world_size']} rank {r['rank']}"
+        if r["logged_comm_bytes"] is not None and r["logged_comm_bytes"] != r["predicted_comm_bytes"]:
+            ops = ", ".join(f"{n} x {op}" for op, n in r["logged_comm_ops"].items())
+            lines.append(f"{where}: logged {r['logged_comm_bytes']:,} collective bytes ({ops}) against "
+                         f"{r['predicted_comm_bytes']:,} predicted for {len(module_walk_numels(r['model']))} "
+                         "gathers: with one rank DeepSpeed keeps parameters whole after the step and gathers only "
+                         "those it had released; every module is still broadcast.")
+        extra = r["measured_bytes"] - r["measured_payload_bytes"]
+        if r["measured_payload_bytes"] and extra > 0.01 * r["measured_payload_bytes"]:
+            lines.append(f"{where}: the files hold {extra:,} bytes beyond the tensors' {r['measured_payload_bytes']:,}"
+                         ": headers (pickle, JSON, config, tokenizer) and, where a tensor is a view into a larger "
+                         "buffer, the rest of that buffer (torch.save writes whole storages).")
+    return lines

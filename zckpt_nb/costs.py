@@ -1,0 +1,170 @@
+"""A small model of ZeRO-3 state and save costs, computed from the model config alone (no run needed).
+
+For P parameters in tensors p_1..p_k, N ranks and Adam:
+- ZeRO-3 pads every tensor to a multiple of N and gives each rank one slice: rank r owns
+  sum_i ceil(|p_i| / N) elements (DeepSpeed's `_aligned_size`/`_partition_param`). That is P/N plus < 1 per tensor.
+- Each rank holds, for its slice: the working parameters (2 bytes in bf16, 4 in fp32), their gradients (same
+  dtype), an fp32 master copy (DeepSpeed keeps one even in fp32 runs) and Adam's exp_avg and exp_avg_sq (fp32).
+- A partitioned save writes, per rank, the fp32 master slice and both Adam moments: 12 bytes per owned element
+  (the `fp32_flat_groups` and optimizer `state` tensors of `..._optim_states.pt`), plus two small fixed tensors
+  (the rank's torch RNG state in our client state, Adam's step counter) and a pickle header (config, shapes).
+  The model-states file holds only 0-element placeholders under ZeRO-3.
+- Every `save_checkpoint` validates its tag: two all-reduces (MAX and MIN) of the tag's 20-byte SHA-1 digest.
+- A gathered (consolidated) save all-gathers parameters: each rank sends its slice of a tensor (DeepSpeed's comms
+  logger records that input: ceil(k/N) x dtype bytes per call) and receives the padded whole.
+  * Route 1, `save_16bit_model`, walks the modules and gathers each module's own parameters with
+    `GatheredParameters(modifier_rank=0)`, which broadcasts every full tensor back from rank 0 on exit. A tied
+    tensor is gathered (and broadcast) once per module that owns it (GPT-2's wte and lm_head: twice).
+  * Route 2, per-parameter gather, walks `named_parameters()` (each distinct tensor once), no broadcast.
+  Rank 0 keeps a full copy in the parameter dtype: P x dtype bytes extra, and writes them.
+- Offline conversion and HF export run in one process: no communication; they read every shard (memory-mapped),
+  build the fp32 state dict (P x 4 bytes extra) and write it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from functools import cache
+from typing import Any
+
+ADAM_STATES = 2  # exp_avg, exp_avg_sq
+FP32 = 4
+TAG_CHECK_BYTES = 2 * 20  # save_checkpoint's tag validation: MAX and MIN all-reduce of a SHA-1 digest
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def fixed_tensor_bytes() -> int:
+    """Tensor bytes every rank saves whatever P is: its torch RNG state (client state) and Adam's fp32 step."""
+    import torch
+
+    return torch.get_rng_state().numel() + FP32
+
+
+@cache
+def tensor_numels(name: str) -> tuple[int, ...]:
+    """Element count of every distinct parameter tensor of preset `name` (tied weights once), from the config."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from zckpt_nb.model import gpt2_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(gpt2_config(name))
+    return tuple(p.numel() for p in model.parameters())
+
+
+@cache
+def module_walk_numels(name: str) -> tuple[int, ...]:
+    """Element counts as `save_16bit_model` meets them: each module's own parameters, tied ones once per owner."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from zckpt_nb.model import gpt2_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(gpt2_config(name))
+    return tuple(p.numel() for m in model.modules() for p in m.parameters(recurse=False))
+
+
+def slice_numel(numels: tuple[int, ...], n: int) -> int:
+    """Elements each rank owns under ZeRO-3: every tensor padded to a multiple of N, then split N ways."""
+    return sum(math.ceil(k / n) for k in numels)
+
+
+def padding(numels: tuple[int, ...], n: int) -> int:
+    """Elements of padding over all ranks: N x slice - P."""
+    return n * slice_numel(numels, n) - sum(numels)
+
+
+@dataclass
+class Prediction:
+    """Predicted bytes for one preset, world size and dtype (all per rank unless named otherwise)."""
+
+    model: str
+    world_size: int
+    dtype: str
+    num_params: int
+    num_tensors: int
+    slice_numel: int
+    padding_numel: int
+    param_bytes: int
+    grad_bytes: int
+    master_bytes: int
+    optimizer_bytes: int
+    partitioned: dict[str, Any]
+    gathered: dict[str, Any]
+    per_param: dict[str, Any]
+    offline: dict[str, Any]
+    hf: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gather_bytes(numels: tuple[int, ...], n: int, b: int) -> int:
+    """What DeepSpeed's comms logger records on each rank for all-gathering these tensors: the slices sent."""
+    return sum(math.ceil(k / n) * b for k in numels)
+
+
+def predict(name: str, n: int, dtype: str = "fp32") -> Prediction:
+    """Everything the cost model says about preset `name` on `n` ranks."""
+    numels, walk = tensor_numels(name), module_walk_numels(name)
+    p, s, b = sum(numels), slice_numel(numels, n), DTYPE_BYTES[dtype]
+    write = (1 + ADAM_STATES) * FP32 * s + fixed_tensor_bytes()  # fp32 master slice + Adam moments + fixed
+    route1 = {"allgather_bytes_per_rank": gather_bytes(walk, n, b), "broadcast_bytes_per_rank": sum(walk) * b}
+    route2 = {"allgather_bytes_per_rank": gather_bytes(numels, n, b)}
+    full = {"rank0_extra_peak_bytes": b * p, "written_bytes": b * p}
+    return Prediction(
+        model=name, world_size=n, dtype=dtype, num_params=p, num_tensors=len(numels), slice_numel=s,
+        padding_numel=padding(numels, n), param_bytes=b * s, grad_bytes=b * s, master_bytes=FP32 * s,
+        optimizer_bytes=ADAM_STATES * FP32 * s,
+        partitioned={"per_rank_bytes": [write] * n, "total_bytes": write * n, "comm_bytes_per_rank": TAG_CHECK_BYTES},
+        gathered={**route1, "comm_bytes_per_rank": sum(route1.values()), **full},
+        per_param={**route2, "comm_bytes_per_rank": sum(route2.values()), **full},
+        offline={"read_bytes": write * n, "written_bytes": FP32 * p, "comm_bytes_per_rank": 0,
+                 "rank0_extra_peak_bytes": FP32 * p},  # the fp32 state dict, built in memory before writing
+        hf={"read_bytes": write * n, "written_bytes": FP32 * p, "comm_bytes_per_rank": 0,
+            "rank0_extra_peak_bytes": FP32 * p},
+    )
+
+
+MODE_KEYS = {"partitioned": "partitioned", "gathered16": "gathered", "per_param": "per_param", "offline": "offline",
+             "hf": "hf"}
+
+
+def predicted_for(pred: Prediction, mode: str, rank: int) -> dict[str, int]:
+    """One rank's predicted bytes written, collective bytes and extra peak for save `mode`."""
+    part = getattr(pred, MODE_KEYS[mode])
+    if mode == "partitioned":
+        written, extra = part["per_rank_bytes"][rank], 0
+    else:  # one process writes the full model: rank 0 (offline and hf run as rank 0 alone)
+        written = part["written_bytes"] if rank == 0 else 0
+        extra = part.get("rank0_extra_peak_bytes", 0) if rank == 0 else 0
+    return {"predicted_bytes": written, "predicted_comm_bytes": part["comm_bytes_per_rank"],
+            "predicted_extra_peak_bytes": extra}
+
+
+def format_prediction(pred: Prediction) -> str:
+    """A short human-readable summary of a prediction."""
+    mib = 2**20
+    part, gath = pred.partitioned, pred.gathered
+    return "\n".join([
+        f"{pred.model}: P = {pred.num_params:,} in {pred.num_tensors} tensors, N = {pred.world_size}, {pred.dtype}",
+        f"  each rank owns {pred.slice_numel:,} elements (P/N = {pred.num_params / pred.world_size:,.1f}, "
+        f"padding {pred.padding_numel:,} in all)",
+        f"  held per rank: params {pred.param_bytes / mib:.2f} MiB, grads {pred.grad_bytes / mib:.2f} MiB, "
+        f"fp32 master {pred.master_bytes / mib:.2f} MiB, Adam {pred.optimizer_bytes / mib:.2f} MiB",
+        f"  partitioned save: {part['per_rank_bytes'][0]:,} bytes per rank, no gathering "
+        f"({part['comm_bytes_per_rank']} bytes: the tag check)",
+        f"  gathered save (save_16bit_model): all-gather {gath['allgather_bytes_per_rank']:,} + broadcast "
+        f"{gath['broadcast_bytes_per_rank']:,} bytes logged per rank, rank 0 extra peak "
+        f"{gath['rank0_extra_peak_bytes']:,} bytes, writes {gath['written_bytes']:,} bytes",
+        f"  per-parameter gather: all-gather {pred.per_param['allgather_bytes_per_rank']:,} bytes logged per rank",
+    ])
+
+
+def prediction_json(pred: Prediction) -> str:
+    """The prediction as JSON (`partitioned.per_rank_bytes` is a list of N integers)."""
+    return json.dumps(pred.to_dict(), indent=1)

@@ -1,0 +1,338 @@
+"""Route 4: export a partitioned ZeRO-3 checkpoint as a Hugging Face model folder, and use it without DeepSpeed.
+
+The folder holds `config.json`, `generation_config.json`, the weights as safetensors (sharded with an index above
+`max_shard_size`) and the tokenizer files. `AutoModelForCausalLM.from_pretrained(dir)` and
+`pipeline("text-generation", model=dir)` load it in a process that never imports DeepSpeed.
+
+Tied weights: GPT-2's `lm_head.weight` *is* `transformer.wte.weight`. safetensors refuses two names for one storage,
+which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. We let transformers'
+own `save_pretrained` write the weights: it knows the model's tied keys and stores the matrix once.
+
+This module imports neither DeepSpeed nor torch at import time, so `generate` and `reload_check` stay DeepSpeed-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb import measure
+from zckpt_nb.checkpoint import latest_tag
+from zckpt_nb.launch import UsageError, check_writable
+
+# What each file of an export is for (notebook 04 shows this next to the real folder).
+FILE_ROLES = {
+    "config.json": "the architecture (GPT-2 shape, vocabulary size, special token ids): what from_pretrained builds",
+    "generation_config.json": "defaults for generate() (bos/eos/pad token ids), derived from the config",
+    "model.safetensors": "all weights in one safetensors file (no pickle: loading runs no code)",
+    "model.safetensors.index.json": "which tensor lives in which shard, written when weights exceed max_shard_size",
+    "model-*-of-*.safetensors": "one shard of the weights, each at most max_shard_size",
+    "tokenizer.json": "the trained byte-level BPE tokenizer: vocabulary, merges, pre-tokenizer, special tokens",
+    "tokenizer_config.json": "tokenizer class, special tokens (bos/eos/pad), max length; transformers 5 keeps the "
+                             "special tokens here, so it writes no special_tokens_map.json",
+    "chat_template.jinja": "the chat template, if the tokenizer has one",
+}
+
+
+def available_tags(ckpt_dir: Path) -> list[str]:
+    """Tag folders in `ckpt_dir` that hold rank shard files."""
+    return sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and any(p.glob("zero_pp_rank_*_states.pt")))
+
+
+def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
+    """Raise UsageError unless `ckpt_dir` holds a complete ZeRO-3 checkpoint `tag`; return the tag."""
+    from zckpt_nb.inspect import rank_files
+
+    if not ckpt_dir.is_dir():
+        raise UsageError(f"checkpoint dir {ckpt_dir} does not exist or is not a folder")
+    tag = tag or latest_tag(ckpt_dir)
+    tags = available_tags(ckpt_dir)
+    if tag is None:
+        raise UsageError(f"{ckpt_dir} is not a ZeRO checkpoint (no 'latest' file and no --tag); "
+                         f"tags found: {', '.join(tags) or 'none'}")
+    if not (ckpt_dir / tag).is_dir():
+        raise UsageError(f"tag {tag} does not exist in {ckpt_dir}; tags found: {', '.join(tags) or 'none'}")
+    files = rank_files(ckpt_dir / tag)
+    if 0 not in files or "model" not in files[0]:
+        raise UsageError(f"{ckpt_dir / tag} is not a ZeRO-3 checkpoint: no zero_pp_rank_0_mp_rank_00_model_states.pt")
+    world = saved_world_size(files[0]["model"])
+    for rank in range(world):
+        missing = [k for k in ("model", "optim") if k not in files.get(rank, {})]
+        if missing:
+            raise UsageError(f"incomplete checkpoint {ckpt_dir / tag}: rank {rank} of {world} has no "
+                             f"{' and no '.join(m + '_states file' for m in missing)}; the save did not finish on "
+                             "every rank, export another --tag")
+    if not (ckpt_dir / "tokenizer.json").is_file():
+        raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
+    model_config(ckpt_dir)  # raises UsageError when there is nothing to rebuild the model from
+    return tag
+
+
+def saved_world_size(model_states: Path) -> int:
+    """The data-parallel world size DeepSpeed recorded in rank 0's model-states file."""
+    import torch
+
+    try:  # DeepSpeed pickles its config objects: weights_only=False is required; mmap keeps it cheap
+        return int(torch.load(model_states, map_location="cpu", weights_only=False, mmap=True)["dp_world_size"])
+    except Exception as e:  # a truncated or foreign file: say which and why, in one line
+        raise UsageError(f"cannot read {model_states}: {first_line(e)}") from None
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one short line."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
+    """Raise UsageError unless `out_dir` may be (re)written without touching the checkpoint."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"output {out_dir} is a file; choose a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace it")
+        if not (out_dir / "config.json").is_file():  # --overwrite deletes: only ever a previous export
+            raise UsageError(f"output folder {out_dir} is not empty and holds no config.json, so it is not a "
+                             "previous export; --overwrite only replaces one of those: choose another folder")
+    if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
+        raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
+    check_writable(out_dir)
+
+
+def check_shard_size(max_shard_size: str | int) -> int:
+    """`max_shard_size` in bytes ("5GB", "200KB", "1MiB" or an int), or UsageError."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    try:
+        size = convert_file_size_to_int(int(max_shard_size) if str(max_shard_size).isdigit() else max_shard_size)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise UsageError(f"--max_shard_size {max_shard_size!r} is not a size; use e.g. 5GB, 200MB or 500KB")
+    return size
+
+
+def model_config(ckpt_dir: Path) -> Any:
+    """The model's `transformers` config: `config.json` beside the checkpoint, else the preset in `run.json`."""
+    from transformers import AutoConfig
+
+    from zckpt_nb.model import gpt2_config
+
+    if (ckpt_dir / "config.json").is_file():
+        return AutoConfig.from_pretrained(str(ckpt_dir))
+    if (ckpt_dir / "run.json").is_file():
+        return gpt2_config(json.loads((ckpt_dir / "run.json").read_text())["model"])
+    raise UsageError(f"{ckpt_dir} has no config.json (nor run.json) to rebuild the model from; "
+                     "save the checkpoint with zckpt_nb, or put the model's config.json beside 'latest'")
+
+
+def full_model(ckpt_dir: Path, tag: str) -> Any:
+    """The full model on CPU in fp32, its weights from DeepSpeed's `zero_to_fp32` reading every rank's shards.
+
+    Built on the meta device and filled with `load_state_dict(assign=True)`: the weights are held once, not twice.
+    """
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(ckpt_dir)
+    try:  # DeepSpeed's converter prints progress bars; the export reports in one line of its own
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag)
+    except Exception as e:  # truncated or inconsistent shards: one line naming the checkpoint
+        raise UsageError(f"cannot convert checkpoint {ckpt_dir / tag}: {first_line(e)}; a shard file may be "
+                         "truncated or corrupt (python -m zckpt_nb inspect lists every rank's files)") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise UsageError(f"checkpoint {ckpt_dir / tag} does not fit config.json: {first_line(e)}") from None
+    model.tie_weights()  # assign=True gave lm_head its own Parameter object; share wte's again
+    return model.eval()
+
+
+def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: str | int) -> None:
+    """Write the model (transformers' save_pretrained: safetensors, tied weights once) and the tokenizer."""
+    from transformers import AutoTokenizer
+
+    full_model(ckpt_dir, tag).save_pretrained(str(dest), max_shard_size=max_shard_size)
+    AutoTokenizer.from_pretrained(str(ckpt_dir)).save_pretrained(str(dest))
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Move the finished folder `new` to `target`, replacing what was there only once `new` is complete."""
+    if target.is_dir() and any(target.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(new, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(new, target)  # rename() replaces an empty folder atomically
+
+
+def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",
+           overwrite: bool = False) -> Path:
+    """Export checkpoint `tag` (default: `latest`) of `ckpt_dir` as a Hugging Face folder `out_dir`.
+
+    Every check runs before anything is written; the folder is built beside `out_dir` and renamed into place at
+    the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
+    """
+    ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
+    tag = check_checkpoint(ckpt_dir, tag)
+    check_out_dir(out_dir, ckpt_dir, overwrite)
+    check_shard_size(max_shard_size)
+    created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        write_export(ckpt_dir, tag, tmp, max_shard_size)
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for p in reversed(created):  # folders we made for out_dir's parents: leave the tree as it was
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+        raise
+    return out_dir
+
+
+def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
+                   max_shard_size: str | int = "5GB", overwrite: bool = False) -> measure.SaveCost:
+    """Run `export` and measure it (one process: rank 0, no collective bytes; imports are done first)."""
+    from zckpt_nb.consolidate import import_converters, shard_files
+
+    import_converters()
+    return measure.measure("hf", lambda: export(ckpt_dir, out_dir, tag=tag, max_shard_size=max_shard_size,
+                                                overwrite=overwrite),
+                           written=lambda: measure.files_under(out_dir), read=shard_files(ckpt_dir, tag))
+
+
+def describe_export(model_dir: str | Path) -> list[dict[str, Any]]:
+    """Every file of an export with its size and what it is for."""
+    from fnmatch import fnmatch
+
+    rows = []
+    for path in measure.files_under(model_dir):
+        role = next((r for pattern, r in FILE_ROLES.items() if fnmatch(path.name, pattern)), "other")
+        rows.append({"file": path.name, "bytes": path.stat().st_size, "what it is for": role})
+    return rows
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Raise UsageError unless `model_dir` looks like a Hugging Face model folder."""
+    if not (model_dir / "config.json").is_file():
+        raise UsageError(f"{model_dir} is not a Hugging Face model folder (no config.json); "
+                         "create one with: python -m zckpt_nb export CKPT_DIR OUT_DIR")
+
+
+def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> str:
+    """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation."""
+    from transformers import pipeline
+
+    check_model_dir(Path(model_dir))
+    if max_new_tokens < 1:
+        raise UsageError(f"--max_new_tokens must be at least 1 (got {max_new_tokens})")
+    pipe = pipeline("text-generation", model=str(model_dir))
+    return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False)[0]["generated_text"]
+
+
+def load_model(model_dir: str | Path) -> Any:
+    """An exported model, loaded with transformers alone, in eval mode (no dropout)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+
+
+def logits(model: Any, input_ids: Any) -> Any:
+    """`model`'s logits on `input_ids`, without building a graph."""
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits
+
+
+def corpus_overlap(text: str) -> dict[str, Any]:
+    """How much of `text` comes from the shipped corpus: share of its words found there, and its word trigrams."""
+    import re
+
+    from zckpt_nb.data import corpus_text
+
+    def split(t: str) -> list[str]:  # words only: punctuation and line breaks do not count
+        return re.findall(r"[A-Za-z']+", t)
+
+    corpus_words, words = split(corpus_text()), split(text)
+    joined, vocabulary = f" {' '.join(corpus_words)} ", set(corpus_words)
+    trigrams = [" ".join(words[i:i + 3]) for i in range(len(words) - 2)]
+    return {"words": len(words), "words in corpus": sum(w in vocabulary for w in words) / max(1, len(words)),
+            "trigrams in corpus": [t for t in trigrams if f" {t} " in joined]}
+
+
+def deepspeed_safe_serialization(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> tuple[int, str]:
+    """Run DeepSpeed's own `zero_to_fp32.py --safe_serialization` (what route 4 replaces): (exit code, last line)."""
+    import subprocess
+
+    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--safe_serialization"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")))
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if line.split(":")[0].endswith("Error")]
+    # Python prints the exception's name, then its message on the following lines: keep both, in one line
+    return done.returncode, " ".join(lines[errors[-1]:errors[-1] + 2]) if errors else ""
+
+
+def reload_check(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
+                 max_new_tokens: int = 30) -> dict[str, Any]:
+    """Load an export with transformers alone; logits against a reference file, generated text, imported modules."""
+    import torch
+
+    model = load_model(model_dir)
+    report: dict[str, Any] = {
+        "class": type(model).__name__, "dtype": str(model.dtype),
+        "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+        "text": generate(model_dir, prompt, max_new_tokens),
+    }
+    if reference is not None:
+        ref = torch.load(reference, map_location="cpu", weights_only=True)
+        out = logits(model, ref["input_ids"])
+        report["max_abs_logit_diff"] = float((out - ref["logits"]).abs().max())
+        report["logits_shape"] = list(out.shape)
+    report["deepspeed_imported"] = "deepspeed" in sys.modules
+    return report
+
+
+def reload_in_fresh_process(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
+                            max_new_tokens: int = 30, timeout: float = 300) -> dict[str, Any]:
+    """`reload_check` in a new Python process (nothing imported before), returned as a dict."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "zckpt_nb.export", str(model_dir), "--prompt", prompt,
+           "--max_new_tokens", str(max_new_tokens)] + (["--reference", str(reference)] if reference else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"reloading {model_dir} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m zckpt_nb.export MODEL_DIR [--reference FILE]`: print `reload_check` as one JSON line."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m zckpt_nb.export", description=main.__doc__)
+    parser.add_argument("model_dir")
+    parser.add_argument("--reference", default=None)
+    parser.add_argument("--prompt", default="The keeper")
+    parser.add_argument("--max_new_tokens", type=int, default=30)
+    args = parser.parse_args(argv)
+    print(json.dumps(reload_check(args.model_dir, args.reference, args.prompt, args.max_new_tokens)))
+
+
+if __name__ == "__main__":
+    main()

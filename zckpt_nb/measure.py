@@ -1,0 +1,233 @@
+"""Measure one save: wall time, peak memory while it runs, bytes written, bytes moved by collectives.
+
+Nothing here is estimated. Bytes written are read from the files; collective bytes come from DeepSpeed's own comms
+logger (the `"comms_logger"` section of the DeepSpeed config): we snapshot its per-operation totals before and after
+the save and keep the difference, so each save gets its own figures. DeepSpeed's `deepspeed.comm.log_summary()`
+prints the same table, but it is itself collective (barriers); reading the logger's raw data is local to the rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+MODES = ("partitioned", "gathered16", "per_param", "offline", "hf")
+_device_peak_before_resets = 0  # GPU peak seen before a save reset the counter (for run.json's run-wide peak)
+
+
+@dataclass
+class SaveCost:
+    """What one save cost on one rank (one record of run.json's `save_costs`)."""
+
+    mode: str
+    rank: int
+    seconds: float
+    peak_memory_bytes: int  # the process's peak while saving: RSS on CPU, allocated accelerator memory on GPU
+    extra_peak_bytes: int  # that peak minus what the process held when the save began
+    bytes_written: int  # sizes of the files this rank wrote, read from disk
+    comm_bytes: int | None  # DeepSpeed's logged message bytes (None: a process group without the logger)
+    comm_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {'count', 'bytes', 'max_bytes'}
+    memory_kind: str = "rss"  # "rss" (CPU) or "cuda_allocated"
+    heap_extra_peak_bytes: int | None = None  # host heap allocations at their peak, above the start (glibc only)
+    bytes_read: int = 0  # size of the checkpoint files a route loads (offline conversion, HF export)
+    files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+@cache
+def _libc() -> Any:
+    """glibc with `mallinfo2` (2.33+), or None elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def heap_in_use() -> int | None:
+    """Bytes malloc has handed out and not freed yet, over all arenas (glibc `mallinfo2`); None off glibc.
+
+    RSS alone misses a save's allocations when malloc reuses memory freed earlier (after training, it usually
+    does): pages already resident are reused and RSS does not move. Live heap bytes see every allocation.
+    """
+    libc = _libc()
+    if libc is None:
+        return None
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)  # small chunks in use + large chunks malloc mmap()ed
+
+
+class HostMemory:
+    """Peak RSS and peak live heap bytes of this process while a block runs, sampled in a background thread.
+
+    psutil (like /proc) offers a peak RSS only for the whole process life, not one that restarts at the save, so
+    we sample. Large tensors live for a while after they are allocated, so a 2 ms interval sees them.
+    """
+
+    def __init__(self, interval: float = 0.002) -> None:
+        import psutil
+
+        self._proc, self._interval, self._stop = psutil.Process(), interval, threading.Event()
+        self.baseline_rss = self.peak_rss = 0
+        self.baseline_heap = self.peak_heap = heap_in_use()
+
+    def _sample(self) -> None:
+        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+        heap = heap_in_use()
+        if heap is not None:
+            self.peak_heap = max(self.peak_heap or 0, heap)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def __enter__(self) -> HostMemory:
+        self.baseline_rss = self.peak_rss = self._proc.memory_info().rss
+        self.baseline_heap = self.peak_heap = heap_in_use()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    @property
+    def heap_extra(self) -> int | None:
+        return None if self.baseline_heap is None else int(self.peak_heap - self.baseline_heap)
+
+
+class PeakCuda:
+    """Peak allocated GPU memory while a block runs (torch's counter, reset at the start)."""
+
+    def __enter__(self) -> PeakCuda:
+        global _device_peak_before_resets
+        import torch
+
+        _device_peak_before_resets = max(_device_peak_before_resets, torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        self.baseline = self.peak = torch.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        self.peak = torch.cuda.max_memory_allocated()
+
+
+def device_peak_bytes() -> int:
+    """This process's peak allocated GPU memory over its whole life, including before the saves' resets."""
+    import torch
+
+    return max(_device_peak_before_resets, int(torch.cuda.max_memory_allocated()))
+
+
+def comm_counts() -> dict[str, dict[int, int]] | None:
+    """DeepSpeed's comms-logger record on this rank so far: op -> {message size in bytes: count}.
+
+    {} when no process group exists (no collective can have run); None when one exists but the logger is off.
+    """
+    comm = sys.modules.get("deepspeed.comm")
+    if comm is None or not comm.is_initialized():
+        return {}
+    if not comm.comms_logger.enabled:
+        return None
+    # the logger keeps {op: {message size: [count, latencies, algbw, busbw]}}
+    return {op: {size: v[0] for size, v in by_size.items()} for op, by_size in comm.comms_logger.get_raw_data().items()}
+
+
+def comm_delta(before: dict[str, dict[int, int]] | None,
+               after: dict[str, dict[int, int]] | None) -> dict[str, dict[str, int]] | None:
+    """The operations logged between two `comm_counts` snapshots: op -> {'count', 'bytes', 'max_bytes'}.
+
+    'bytes' is DeepSpeed's message size times count: for an all-gather, what this rank contributed (its slice);
+    for a broadcast, the whole tensor on every rank.
+    """
+    if before is None or after is None:
+        return None
+    delta = {}
+    for op, sizes in after.items():
+        grown = {size: n - before.get(op, {}).get(size, 0) for size, n in sizes.items()}
+        grown = {size: n for size, n in grown.items() if n > 0}
+        if grown:
+            delta[op] = {"count": sum(grown.values()), "bytes": sum(size * n for size, n in grown.items()),
+                         "max_bytes": max(grown)}
+    return delta
+
+
+def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterable[Path]], rank: int = 0,
+            device: str = "cpu", read: Iterable[Path] = ()) -> SaveCost:
+    """Run `save()` and return its SaveCost; `written()` lists the files this rank wrote (called afterwards)."""
+    on_gpu = device.startswith("cuda")
+    before = comm_counts()
+    with HostMemory() as host, (PeakCuda() if on_gpu else contextlib.nullcontext()) as gpu:
+        start = time.perf_counter()
+        save()
+        seconds = time.perf_counter() - start
+    ops = comm_delta(before, comm_counts())
+    paths = sorted(set(written()))
+    peak, base = (gpu.peak, gpu.baseline) if on_gpu else (host.peak_rss, host.baseline_rss)
+    return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(peak),
+                    extra_peak_bytes=int(peak - base), bytes_written=sum(p.stat().st_size for p in paths),
+                    comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
+                    memory_kind="cuda_allocated" if on_gpu else "rss", heap_extra_peak_bytes=host.heap_extra,
+                    bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in paths])
+
+
+def measure_partitioned(save: Callable[[], Any], output_dir: str | Path, *, step: int, rank: int,
+                        device: str) -> tuple[SaveCost, Any]:
+    """The normal partitioned save (`save()` runs it on every rank), measured like the other routes.
+
+    Returns the SaveCost and what `save()` returned (the commit protocol's `SaveOutcome`).
+    """
+    from zckpt_nb import checkpoint
+
+    root, result = Path(output_dir), []
+    cost = measure("partitioned", lambda: result.append(save()),
+                   written=lambda: [root / f["path"] for f in checkpoint.rank_files(root, f"global_step{step}", rank)],
+                   rank=rank, device=device)
+    return cost, result[0]
+
+
+def files_under(root: str | Path) -> list[Path]:
+    """Every file below `root` (what a route wrote into its own folder)."""
+    return sorted(p for p in Path(root).rglob("*") if p.is_file())
+
+
+def mib_or_dash(n: int | None) -> float | str:
+    """Bytes as MiB rounded for a table, or '-' when not measured."""
+    return "-" if n is None else round(n / 2**20, 2)
+
+
+def cost_rows(costs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One display row per (mode, rank): the figures in units people read (s, MiB, KiB)."""
+    order = {m: i for i, m in enumerate(MODES)}
+    rows = []
+    for c in sorted(costs, key=lambda c: (order.get(c["mode"], len(order)), c["rank"])):
+        comm = c["comm_bytes"]
+        rows.append({"mode": c["mode"], "rank": c["rank"], "seconds": round(c["seconds"], 3),
+                     "peak memory (MiB)": round(c["peak_memory_bytes"] / 2**20, 1),
+                     "extra peak (MiB)": round(c["extra_peak_bytes"] / 2**20, 2),
+                     "extra heap peak (MiB)": mib_or_dash(c.get("heap_extra_peak_bytes")),
+                     "written (KiB)": round(c["bytes_written"] / 2**10, 1),
+                     "read (KiB)": round(c.get("bytes_read", 0) / 2**10, 1),
+                     "collective bytes (KiB)": "not logged" if comm is None else round(comm / 2**10, 1),
+                     "collective ops": sum(o["count"] for o in c.get("comm_ops", {}).values())})
+    return rows
