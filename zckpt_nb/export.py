@@ -52,7 +52,7 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
 
     if not ckpt_dir.is_dir():
         raise UsageError(f"checkpoint dir {ckpt_dir} does not exist or is not a folder")
-    tag = tag or latest_tag(ckpt_dir)
+    tag = tag or newest_committed(ckpt_dir) or latest_tag(ckpt_dir)
     tags = available_tags(ckpt_dir)
     if tag is None:
         raise UsageError(f"{ckpt_dir} is not a ZeRO checkpoint (no 'latest' file and no --tag); "
@@ -72,7 +72,31 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
     if not (ckpt_dir / "tokenizer.json").is_file():
         raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
     model_config(ckpt_dir)  # raises UsageError when there is nothing to rebuild the model from
+    check_manifest(ckpt_dir, tag)
     return tag
+
+
+def newest_committed(ckpt_dir: Path) -> str | None:
+    """The newest tag the commit protocol committed (saying what was skipped), or None without any."""
+    from zckpt_nb.verify import committed_tags, tag_to_resume
+
+    if not committed_tags(ckpt_dir):
+        return None
+    tag, note = tag_to_resume(ckpt_dir)
+    if note:
+        print(note.replace("resuming", "exporting"), flush=True)
+    return tag
+
+
+def check_manifest(ckpt_dir: Path, tag: str) -> None:
+    """Every file's size and SHA-256 against the manifest, when the commit protocol wrote one."""
+    from zckpt_nb.verify import MANIFEST, CheckpointError, verify_tag
+
+    if (ckpt_dir / tag / MANIFEST).is_file():
+        try:
+            verify_tag(ckpt_dir, tag)
+        except CheckpointError as e:
+            raise UsageError(str(e)) from None
 
 
 def saved_world_size(model_states: Path) -> int:
