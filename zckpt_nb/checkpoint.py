@@ -119,7 +119,9 @@ def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float =
 
     from zckpt_nb.verify import tag_to_resume, verify_tag
 
-    tag, _ = tag_to_resume(ckpt_dir)
+    tag, note = tag_to_resume(ckpt_dir)
+    if note:
+        print(note.replace("resuming", "converting"), flush=True)
     verify_tag(ckpt_dir, tag)
     env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
     cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--tag", tag]
