@@ -72,6 +72,15 @@ def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(re
     assert all(s["timings"]["fsync"] > 0 and s["timings"]["hash"] > 0 for s in saves)
 
 
+def test_zero_to_fp32_converts_the_committed_checkpoint(ref_run, tmp_path):
+    # DeepSpeed's own script reads a checkpoint written through the protocol (load_checkpoint: the resumes below).
+    import torch
+
+    out = checkpoint.run_zero_to_fp32(ref_run.output_dir, tmp_path / "fp32")
+    state = torch.load(out / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    assert sum({t.data_ptr(): t.numel() for t in state.values()}.values()) == ref_run.num_params
+
+
 def test_train_cli_passes_the_save_flags_to_the_worker(tmp_path):
     out = tmp_path / "cli"
     done = subprocess.run([sys.executable, "-m", "zckpt_nb", "train", "--nproc", "2", "--steps", "8", "--save_every",
