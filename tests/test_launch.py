@@ -22,7 +22,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, message", [
     (["--nproc", "0"], "--nproc must be at least 1"),
     (["--steps", "0"], "--steps must be >= 1"),
-    (["--resume"], "no checkpoint"),
+    (["--resume"], "no committed checkpoint"),
     (["--model", "huge"], "invalid choice"),
     (["--no_such_flag"], "unrecognized arguments"),
 ])

@@ -11,6 +11,7 @@ from conftest import RESUME_STEP, SAVE_EVERY, STEPS
 
 from zckpt_nb import checkpoint
 from zckpt_nb.inspect import inspect_checkpoint
+from zckpt_nb.launch import launch
 from zckpt_nb.model import param_count
 
 
@@ -96,3 +97,13 @@ def test_inspect_refuses_what_is_not_a_checkpoint(tmp_path, bad):
     done = subprocess.run([sys.executable, "-m", "zckpt_nb", "inspect", str(target)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_resume_needs_a_committed_checkpoint_not_latest(full_run, tmp_path):
+    # The state a crash leaves between writing the manifest and moving `latest` on the first save.
+    dst = checkpoint.copy_checkpoint(full_run.output_dir, tmp_path / "no_latest", f"global_step{RESUME_STEP}")
+    (dst / "latest").unlink()
+    run = launch(2, STEPS, dst, resume=True, verbose=False, progress=False, timeout=600)  # same LR schedule
+    assert run.steps == list(range(RESUME_STEP, STEPS))
+    by_step = dict(zip(full_run.steps, full_run.losses))
+    assert max(abs(by_step[s] - loss) for s, loss in zip(run.steps, run.losses)) <= 1e-5

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.checkpoint import latest_tag
 from zckpt_nb.model import get_preset
+from zckpt_nb.verify import committed_tags
 
 _PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]:)?")
 _STEP = re.compile(r"^step (\d+)/(\d+) ")
@@ -114,8 +114,8 @@ def check_train_args(nproc: int, steps: int, output_dir: Path, *, resume: bool, 
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_writable(output_dir)
-    if resume and latest_tag(output_dir) is None:
-        raise UsageError(f"--resume: no checkpoint in {output_dir} (no 'latest' file); "
+    if resume and not committed_tags(output_dir):  # not `latest`: a crash may hit between manifest and latest
+        raise UsageError(f"--resume: no committed checkpoint in {output_dir}; "
                          "train with --save_checkpoint first or point --output_dir at a checkpoint folder")
 
 

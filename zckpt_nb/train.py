@@ -70,8 +70,22 @@ def setup_distributed(timeout_s: float) -> tuple[str, str]:
     backend = "nccl" if on_gpu else "gloo"
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        skip_shm_op()
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     return backend, (f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu")
+
+
+def skip_shm_op() -> None:
+    """Tell DeepSpeed its CPU shared-memory all-reduce op is unavailable, so no rank JIT-builds or loads it.
+
+    The op serves only `inference_all_reduce`, which training never calls. Loading it takes torch's extension
+    file lock (~/.cache/torch_extensions/.../lock) on every start; a rank killed while holding it (a timeout, an
+    interrupted kernel, a kill -9 test) leaves the lock behind and every later job on the machine waits forever.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def seed_everything(seed: int) -> None:
