@@ -205,6 +205,9 @@ def train(argv: list[str] | None = None) -> None:
                        comms_logger=bool(saving))  # its per-op byte counts give each save's collective bytes
     model, _hf_ds_config = build_model(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    owned = sum(p.ds_tensor.numel() for p in engine.module.parameters())
+    print(f"rank {rank}/{world} on {device} ({backend}): holds {owned:,} of {count_params(engine.module):,} "
+          "parameter elements", flush=True)
 
     start_step = 0
     if args.resume:
