@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import RESUME_STEP, SAVE_EVERY, STEPS
 
-from zckpt_nb import checkpoint
+from zckpt_nb import checkpoint, verify
 from zckpt_nb.inspect import inspect_checkpoint
 from zckpt_nb.launch import launch
 from zckpt_nb.model import param_count
@@ -38,7 +38,7 @@ def test_default_steps_bring_loss_below_half_of_ln_vocab(full_run):
 
 def test_every_rank_wrote_its_own_shard_files(full_run):
     out = full_run.output_dir
-    assert checkpoint.latest_tag(out) == f"global_step{STEPS}"
+    assert verify.latest_name(out) == f"global_step{STEPS}"
     for step in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY):
         names = sorted(p.name for p in (out / f"global_step{step}").iterdir())
         expected = [f"zero_pp_rank_{r}_mp_rank_00_{k}_states.pt" for r in (0, 1) for k in ("model", "optim")]

@@ -17,12 +17,6 @@ from typing import Any
 CLIENT_KEY = "zckpt"  # our entry inside DeepSpeed's client_state
 
 
-def latest_tag(ckpt_dir: str | Path) -> str | None:
-    """The tag DeepSpeed's `latest` file names, or None when there is no checkpoint."""
-    path = Path(ckpt_dir) / "latest"
-    return path.read_text().strip() if path.is_file() else None
-
-
 def rng_state() -> dict[str, Any]:
     """Every random state this rank's next step depends on (dropout draws from torch's)."""
     import numpy as np
@@ -100,8 +94,7 @@ def rank_files(output_dir: str | Path, tag: str, rank: int) -> list[dict[str, An
     root = Path(output_dir)
     paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))
     if rank == 0:
-        shared = ["latest", "zero_to_fp32.py", "zero_to_torch.py", "tokenizer.json", "tokenizer_config.json",
-                  "config.json"]
+        shared = ("latest", "zero_to_fp32.py", "zero_to_torch.py", *SHARED_FILES)
         paths += [root / name for name in shared if (root / name).is_file()]
     return [{"path": str(p.relative_to(root)), "bytes": p.stat().st_size} for p in paths]
 
@@ -113,11 +106,21 @@ def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
     src, dst = Path(src), Path(dst)
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src / tag, dst / tag)
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "zero_to_fp32.py"):
+    for name in (*SHARED_FILES, "zero_to_fp32.py"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
     (dst / "latest").write_text(tag)
     return dst
+
+
+def zero_to_fp32_script(ckpt_dir: str | Path, out_dir: str | Path, *args: str, timeout: float = 600) -> Any:
+    """Run the `zero_to_fp32.py` DeepSpeed copied into `ckpt_dir` in a new process; its CompletedProcess."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> Path:
@@ -125,18 +128,11 @@ def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float =
 
     Only the newest committed checkpoint is converted, after every file was checked against its manifest.
     """
-    import subprocess
-    import sys
+    from zckpt_nb.verify import newest_committed, verify_tag
 
-    from zckpt_nb.verify import tag_to_resume, verify_tag
-
-    tag, note = tag_to_resume(ckpt_dir)
-    if note:
-        print(note.replace("resuming", "converting"), flush=True)
+    tag = newest_committed(ckpt_dir, "converting")
     verify_tag(ckpt_dir, tag)
-    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
-    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--tag", tag]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = zero_to_fp32_script(ckpt_dir, out_dir, "--tag", tag, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"zero_to_fp32.py failed on {ckpt_dir}: {done.stderr.strip().splitlines()[-1]}")
     return Path(out_dir)

@@ -76,9 +76,9 @@ def convert_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None =
 
 def shard_files(ckpt_dir: str | Path, tag: str | None = None) -> list[Path]:
     """Every rank's model and optimizer files of checkpoint `tag` (what routes 3 and 4 read)."""
-    from zckpt_nb.checkpoint import latest_tag
+    from zckpt_nb.verify import latest_name
 
-    tag = tag or latest_tag(ckpt_dir)
+    tag = tag or latest_name(ckpt_dir)
     return sorted((Path(ckpt_dir) / str(tag)).glob("zero_pp_rank_*_states.pt"))
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb import measure
-from zckpt_nb.checkpoint import latest_tag
 from zckpt_nb.launch import UsageError, check_writable
 
 # What each file of an export is for (notebook 04 shows this next to the real folder).
@@ -41,19 +40,15 @@ FILE_ROLES = {
 }
 
 
-def available_tags(ckpt_dir: Path) -> list[str]:
-    """Tag folders in `ckpt_dir` that hold rank shard files."""
-    return sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and any(p.glob("zero_pp_rank_*_states.pt")))
-
-
 def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
     """Raise UsageError unless `ckpt_dir` holds a complete ZeRO-3 checkpoint `tag`; return the tag."""
     from zckpt_nb.inspect import rank_files
+    from zckpt_nb.verify import latest_name, tag_dirs
 
     if not ckpt_dir.is_dir():
         raise UsageError(f"checkpoint dir {ckpt_dir} does not exist or is not a folder")
-    tag = tag or newest_committed(ckpt_dir) or latest_tag(ckpt_dir)
-    tags = available_tags(ckpt_dir)
+    tag = tag or newest_committed(ckpt_dir) or latest_name(ckpt_dir)
+    tags = [d.name for d in tag_dirs(ckpt_dir)]
     if tag is None:
         raise UsageError(f"{ckpt_dir} is not a ZeRO checkpoint (no 'latest' file and no --tag); "
                          f"tags found: {', '.join(tags) or 'none'}")
@@ -78,14 +73,9 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
 
 def newest_committed(ckpt_dir: Path) -> str | None:
     """The newest tag the commit protocol committed (saying what was skipped), or None without any."""
-    from zckpt_nb.verify import committed_tags, tag_to_resume
+    from zckpt_nb.verify import committed_tags, newest_committed
 
-    if not committed_tags(ckpt_dir):
-        return None
-    tag, note = tag_to_resume(ckpt_dir)
-    if note:
-        print(note.replace("resuming", "exporting"), flush=True)
-    return tag
+    return newest_committed(ckpt_dir, "exporting") if committed_tags(ckpt_dir) else None
 
 
 def check_manifest(ckpt_dir: Path, tag: str) -> None:
@@ -301,11 +291,9 @@ def corpus_overlap(text: str) -> dict[str, Any]:
 
 def deepspeed_safe_serialization(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> tuple[int, str]:
     """Run DeepSpeed's own `zero_to_fp32.py --safe_serialization` (what route 4 replaces): (exit code, last line)."""
-    import subprocess
+    from zckpt_nb.checkpoint import zero_to_fp32_script
 
-    cmd = [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir), str(out_dir), "--safe_serialization"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")))
+    done = zero_to_fp32_script(ckpt_dir, out_dir, "--safe_serialization", timeout=timeout)
     lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
     errors = [i for i, line in enumerate(lines) if line.split(":")[0].endswith("Error")]
     # Python prints the exception's name, then its message on the following lines: keep both, in one line

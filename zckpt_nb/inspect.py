@@ -6,14 +6,11 @@ Everything here is read from the files on disk (memory-mapped, so a large checkp
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.checkpoint import latest_tag
-
-_RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(model|optim)_states\.pt$")
+from zckpt_nb.verify import RANK_FILE, latest_name
 
 
 @dataclass
@@ -57,7 +54,7 @@ def rank_files(tag_dir: Path) -> dict[int, dict[str, Path]]:
     """Map rank -> {'model': path, 'optim': path} for the files in one tag folder."""
     found: dict[int, dict[str, Path]] = {}
     for path in sorted(tag_dir.iterdir()):
-        m = _RANK_FILE.search(path.name)
+        m = RANK_FILE.search(path.name)
         if m:
             found.setdefault(int(m.group(1)), {})[m.group(2)] = path
     return found
@@ -93,7 +90,7 @@ def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
 def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> CheckpointInfo:
     """Read every rank's shard of checkpoint `tag` (default: what `latest` names) in `ckpt_dir`."""
     ckpt_dir = Path(ckpt_dir)
-    tag = tag or latest_tag(ckpt_dir)
+    tag = tag or latest_name(ckpt_dir)
     if tag is None or not (ckpt_dir / tag).is_dir():
         raise FileNotFoundError(f"no checkpoint {tag or '(latest)'} in {ckpt_dir}")
     files = rank_files(ckpt_dir / tag)

@@ -205,8 +205,8 @@ def train(argv: list[str] | None = None) -> None:
                        comms_logger=bool(saving))  # its per-op byte counts give each save's collective bytes
     model, _hf_ds_config = build_model(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    owned = sum(p.ds_tensor.numel() for p in engine.module.parameters())
-    print(f"rank {rank}/{world} on {device} ({backend}): holds {owned:,} of {count_params(engine.module):,} "
+    owned, num_params = sum(p.ds_tensor.numel() for p in engine.module.parameters()), count_params(engine.module)
+    print(f"rank {rank}/{world} on {device} ({backend}): holds {owned:,} of {num_params:,} "
           "parameter elements", flush=True)
 
     start_step = 0
@@ -246,7 +246,7 @@ def train(argv: list[str] | None = None) -> None:
         fixed = data.batch_for_step(tokens, step=args.steps, rank=0, seed=args.seed, batch=2, seq_len=preset.seq_len)
         consolidate.save_reference(engine, fixed.to(device), args.output_dir, rank)
 
-    tag = checkpoint.latest_tag(args.output_dir) if len(saves) > len(failed) else None
+    tag = verify.latest_name(args.output_dir) if len(saves) > len(failed) else None
     records = gather_rank_records({
         "rank": rank,
         "peak_memory_bytes": peak_memory_bytes(device),
@@ -259,7 +259,7 @@ def train(argv: list[str] | None = None) -> None:
     if rank == 0:
         run = {
             "world_size": world, "backend": backend, "device": device, "model": args.model,
-            "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": count_params(engine.module),
+            "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": num_params,
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
             "save_mode": args.save_mode, "failed_saves": failed,

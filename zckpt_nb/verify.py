@@ -16,7 +16,7 @@ from typing import Any
 
 MANIFEST = "zckpt_manifest.json"
 FORMAT = "zckpt-manifest/1"
-_RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(model|optim)_states\.pt$")
+RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(model|optim)_states\.pt$")
 _STEP = re.compile(r"(\d+)$")
 
 
@@ -61,7 +61,7 @@ def tag_dirs(ckpt_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted((d for d in root.iterdir() if d.is_dir() and (
-        (d / MANIFEST).exists() or any(_RANK_FILE.search(p.name) for p in d.iterdir()))),
+        (d / MANIFEST).exists() or any(RANK_FILE.search(p.name) for p in d.iterdir()))),
         key=lambda d: (step_of(d.name), d.name))
 
 
@@ -91,13 +91,13 @@ def check_file(tag_dir: Path, entry: dict[str, Any], hash_it: bool) -> None:
 def check_ranks(tag_dir: Path, manifest: dict[str, Any]) -> None:
     """Every rank 0..W-1 has its model and optimizer file listed, and no other rank's file lies there."""
     world = manifest["world_size"]
-    listed = {(int(m.group(1)), m.group(2)) for e in manifest["files"] if (m := _RANK_FILE.search(e["path"]))}
+    listed = {(int(m.group(1)), m.group(2)) for e in manifest["files"] if (m := RANK_FILE.search(e["path"]))}
     for rank in range(world):
         for kind in ("model", "optim"):
             if (rank, kind) not in listed:
                 raise CheckpointError(f"{tag_dir}: the manifest lists no {kind} file for rank {rank} of {world}")
     for path in sorted(tag_dir.iterdir()):
-        m = _RANK_FILE.search(path.name)
+        m = RANK_FILE.search(path.name)
         if m and int(m.group(1)) >= world:
             raise CheckpointError(f"{path} belongs to rank {m.group(1)}, but the checkpoint has {world} ranks")
 
@@ -156,6 +156,14 @@ def tag_to_resume(ckpt_dir: str | Path) -> tuple[str, str | None]:
     if latest_name(ckpt_dir) != tag:
         notes.append(f"'latest' names {latest_name(ckpt_dir)}, the newest committed is {tag}")
     return tag, ("; ".join(notes) + f"; resuming from {tag}") if notes else None
+
+
+def newest_committed(ckpt_dir: str | Path, doing: str) -> str:
+    """`tag_to_resume`'s tag, printing what it skipped in terms of what is `doing` it ('converting', ...)."""
+    tag, note = tag_to_resume(ckpt_dir)
+    if note:
+        print(note.replace("resuming", doing), flush=True)
+    return tag
 
 
 def describe(manifest: dict[str, Any]) -> str:
