@@ -9,11 +9,22 @@ from pathlib import Path
 
 from zckpt_nb.launch import LaunchError, UsageError
 
+# worker flags that `launch()` sets itself from its own arguments
+LAUNCH_ARGS = ("steps", "output_dir", "save_checkpoint", "save_every", "resume", "model", "seed",
+               "persistence_threshold")
 
-def save_flags(args: argparse.Namespace) -> list[str]:
-    """The worker's save flags (issue 5) as given on the `train` command line."""
-    flags = ["--keep_last", str(args.keep_last), "--on_save_error", args.on_save_error, "--save_mode", args.save_mode]
-    return flags + (["--collective_timeout", str(args.collective_timeout)] if args.collective_timeout else [])
+
+def worker_flags(args: argparse.Namespace) -> list[str]:
+    """The worker's own flags that differ from its defaults on the `train` command line (named `--<dest>`)."""
+    from zckpt_nb.train import add_train_args
+
+    defaults = vars(add_train_args(argparse.ArgumentParser()).parse_args(["--output_dir", "-"]))
+    flags = []
+    for name, default in defaults.items():
+        value = getattr(args, name)
+        if name not in LAUNCH_ARGS and value != default:
+            flags += [f"--{name}"] + ([] if value is True else [str(value)])
+    return flags
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -21,8 +32,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run = launch(args.nproc, args.steps, args.output_dir, save_checkpoint=args.save_checkpoint,
                  save_every=args.save_every, resume=args.resume, model=args.model, seed=args.seed,
-                 timeout=args.timeout, extra=["--dtype", args.dtype, *save_flags(args)] + [
-                     f"--{flag}" for flag in ("save_16bit", "save_gathered", "save_reference") if getattr(args, flag)])
+                 timeout=args.timeout, persistence_threshold=args.persistence_threshold, extra=worker_flags(args))
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
     print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
@@ -59,7 +69,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
-    pred = predict(args.model, args.nproc, args.dtype)
+    pred = predict(args.model, args.nproc, args.dtype, args.persistence_threshold)
     print(prediction_json(pred) if args.json else format_prediction(pred))
     return 0
 
@@ -70,7 +80,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     check_writable_dir(args.output_dir)
     records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, steps=args.steps,
-                              timeout=args.timeout, reuse=not args.fresh)
+                              timeout=args.timeout, reuse=not args.fresh,
+                              persistence_threshold=args.persistence_threshold)
     fig = plot_compare(records, title=f"Save modes compared: {args.model}, N = {args.nproc}",
                        caption="Predicted (cost model) against measured (files, RSS, DeepSpeed comms logger).")
     fig.savefig(Path(args.output_dir) / "compare.png", dpi=110, bbox_inches="tight")
@@ -87,10 +98,23 @@ def check_writable_dir(path: str) -> None:
     check_writable(Path(path).resolve())
 
 
-def cmd_notebooks(args: argparse.Namespace) -> int:
-    from zckpt_nb.notebooks import run_all
+def parameter_value(text: str) -> object:
+    """A `-p` value as Python reads it (3, [1, 3], None, 'tiny'); anything else stays a string."""
+    import ast
 
-    failures = run_all(Path(args.notebooks), Path(args.build), only=args.only)
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    from zckpt_nb.notebooks import check_parameters, notebook_paths, run_all
+
+    parameters = {name: parameter_value(value) for name, value in args.parameter}
+    for path in notebook_paths(Path(args.notebooks), args.only):
+        check_parameters(path, parameters)  # every unknown name refused before anything runs
+    failures = run_all(Path(args.notebooks), Path(args.build), only=args.only, parameters=parameters)
     return 1 if failures else 0
 
 
@@ -140,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--model", default="tiny", choices=sorted(PRESETS))
     costs.add_argument("--nproc", type=int, default=2)
     costs.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    costs.add_argument("--persistence_threshold", type=int, default=0,
+                       help="stage3_param_persistence_threshold (DeepSpeed's default: 100000)")
     costs.add_argument("--json", action="store_true")
     costs.set_defaults(func=cmd_costs)
 
@@ -165,12 +191,16 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--steps", type=int, default=5, help="training steps before the saves")
     cmp.add_argument("--timeout", type=float, default=1800, help="per world size; kills every rank when passed")
     cmp.add_argument("--fresh", action="store_true", help="measure again instead of reusing DIR/compare.json")
+    cmp.add_argument("--persistence_threshold", type=int, default=0,
+                     help="stage3_param_persistence_threshold (DeepSpeed's default: 100000)")
     cmp.set_defaults(func=cmd_compare)
 
     nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
     nbs.add_argument("--notebooks", default="notebooks")
     nbs.add_argument("--build", default="build")
     nbs.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01 02")
+    nbs.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="set a notebook parameter (like papermill -p), e.g. -p WORLD_SIZES '[1, 3]'")
     nbs.set_defaults(func=cmd_notebooks)
     return parser
 

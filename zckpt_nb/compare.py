@@ -53,20 +53,24 @@ def measured_payload(cost: dict[str, Any], shard_payloads: dict[int, int]) -> in
     return sum(weights_payload(p) for p in weights)
 
 
-def record(model: str, n: int, dtype: str, cost: dict[str, Any], shard_payloads: dict[int, int]) -> dict[str, Any]:
-    """One comparison row: predicted and measured figures for one (mode, world size, rank)."""
+def record(run: dict[str, Any], cost: dict[str, Any], shard_payloads: dict[int, int]) -> dict[str, Any]:
+    """One comparison row: predicted and measured figures for one (mode, world size, rank) of a run."""
+    model, n, threshold = run["model"], run["world_size"], run["persistence_threshold"]
     return {"model": model, "mode": cost["mode"], "world_size": n, "rank": cost["rank"],
-            **predicted_for(predict(model, n, dtype), cost["mode"], cost["rank"]),
+            "persistence_threshold": threshold,
+            **predicted_for(predict(model, n, run["dtype"], threshold), cost["mode"], cost["rank"]),
             "measured_bytes": cost["bytes_written"], "measured_payload_bytes": measured_payload(cost, shard_payloads),
             "peak_memory_bytes": cost["peak_memory_bytes"], "extra_peak_bytes": cost["extra_peak_bytes"],
             # live heap above the start on CPU (RSS hides reused pages), allocator peak on GPU
             "measured_extra_peak_bytes": cost.get("heap_extra_peak_bytes") or cost["extra_peak_bytes"],
             "seconds": cost["seconds"], "logged_comm_bytes": cost["comm_bytes"],
-            "logged_comm_ops": {op: v["count"] for op, v in cost["comm_ops"].items()}}
+            "logged_comm_ops": {op: v["count"] for op, v in cost["comm_ops"].items()},
+            "logged_comm_op_bytes": {op: v["bytes"] for op, v in cost["comm_ops"].items() if v["bytes"]}}
 
 
 def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, steps: int = 5,
-                       timeout: float = 900, verbose: bool = False) -> list[dict[str, Any]]:
+                       timeout: float | None = None, verbose: bool = False,
+                       persistence_threshold: int = 0) -> list[dict[str, Any]]:
     """Run every asked-for mode at world size `n` and return one record per (mode, rank)."""
     from zckpt_nb.consolidate import measure_offline
     from zckpt_nb.export import measure_export
@@ -74,32 +78,39 @@ def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, s
     from zckpt_nb.launch import fresh_dir, launch
 
     extra = [flag for mode, flag in IN_TRAINING_FLAGS.items() if mode in modes]
-    run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}"), save_checkpoint=True, model=model, extra=extra,
-                 timeout=timeout, verbose=verbose)
+    t = persistence_threshold
+    run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}_t{t}"), save_checkpoint=True, model=model,
+                 extra=extra, timeout=timeout, verbose=verbose, persistence_threshold=t)
     costs = [c for c in run.data["save_costs"] if c["mode"] in modes]
     if "offline" in modes:
         costs.append(measure_offline(run.output_dir, run.output_dir / "offline").to_dict())
     if "hf" in modes:
         costs.append(measure_export(run.output_dir, run.output_dir / "hf").to_dict())
     payloads = {s.rank: s.payload_bytes for s in inspect_checkpoint(run.output_dir).ranks}
-    return [record(model, n, run.data["dtype"], c, payloads) for c in costs]
+    return [record(run.data, c, payloads) for c in costs]
 
 
 def load_records(out_dir: Path) -> list[dict[str, Any]]:
-    """Records measured earlier into `out_dir/compare.json` (none when it does not exist)."""
+    """Records measured earlier into `out_dir/compare.json` (none when it does not exist).
+
+    Records of an older format (without per-op predictions) are dropped: they are measured again.
+    """
     path = Path(out_dir) / RESULTS
-    return json.loads(path.read_text()) if path.is_file() else []
+    return [r for r in json.loads(path.read_text()) if "predicted_comm_ops" in r] if path.is_file() else []
 
 
-def missing(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str]) -> list[int]:
-    """World sizes for which some asked-for mode has no record yet."""
-    have = {(r["model"], r["world_size"], r["mode"]) for r in records}
-    return [n for n in nprocs if any((model, n, m) not in have for m in modes)]
+def missing(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str],
+            threshold: int = 0) -> list[int]:
+    """World sizes for which some asked-for mode has no record yet (for this persistence threshold)."""
+    have = {(r["model"], r["world_size"], r["mode"], r.get("persistence_threshold", 0)) for r in records}
+    return [n for n in nprocs if any((model, n, m, threshold) not in have for m in modes)]
 
 
-def select(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str]) -> list[dict[str, Any]]:
-    """The records for this model, these world sizes and modes, in mode order."""
-    keep = [r for r in records if r["model"] == model and r["world_size"] in set(nprocs) and r["mode"] in modes]
+def select(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str],
+           threshold: int = 0) -> list[dict[str, Any]]:
+    """The records for this model, these world sizes and modes and this threshold, in mode order."""
+    keep = [r for r in records if r["model"] == model and r["world_size"] in set(nprocs) and r["mode"] in modes
+            and r.get("persistence_threshold", 0) == threshold]
     return sorted(keep, key=lambda r: (MODES.index(r["mode"]), r["world_size"], r["rank"]))
 
 
@@ -121,22 +132,25 @@ def check_request(nprocs: list[int], model: str, modes: list[str]) -> None:
 
 
 def compare(nprocs: list[int], model: str, modes: list[str], output_dir: str | Path, *, steps: int = 5,
-            timeout: float = 900, reuse: bool = True, verbose: bool = False,
-            on_start: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+            timeout: float | None = None, reuse: bool = True, verbose: bool = False,
+            on_start: Callable[[int], None] | None = None, persistence_threshold: int = 0) -> list[dict[str, Any]]:
     """Measure what is missing (everything with reuse=False), save DIR/compare.json, return the records asked for."""
     check_request(nprocs, model, modes)
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     records = load_records(out) if reuse else []
-    for n in missing(records, model, nprocs, modes):
+    t = persistence_threshold
+    for n in missing(records, model, nprocs, modes, t):
         if on_start:
             on_start(n)
-        fresh = measure_world_size(model, n, modes, out, steps=steps, timeout=timeout, verbose=verbose)
+        fresh = measure_world_size(model, n, modes, out, steps=steps, timeout=timeout, verbose=verbose,
+                                   persistence_threshold=t)
         done = {(r["mode"], r["rank"]) for r in fresh}
-        records = [r for r in records if not (r["model"] == model and r["world_size"] == n
-                                              and (r["mode"], r["rank"]) in done)] + fresh
+        records = [r for r in records if not (r["model"] == model and r["world_size"] == n and
+                                              r.get("persistence_threshold", 0) == t and
+                                              (r["mode"], r["rank"]) in done)] + fresh
         (out / RESULTS).write_text(json.dumps(records, indent=1))  # after each N: an interrupt keeps what was done
-    return select(records, model, nprocs, modes)
+    return select(records, model, nprocs, modes, t)
 
 
 def agreement(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,22 +182,23 @@ def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "seconds": round(r["seconds"], 3)} for r in records]
 
 
-def explain_differences(records: list[dict[str, Any]]) -> list[str]:
-    """One sentence, with the numbers, for every figure that does not equal its prediction."""
-    from zckpt_nb.costs import module_walk_numels
+def op_differences(r: dict[str, Any]) -> list[str]:
+    """Each collective op whose logged bytes differ from the prediction, with both figures and the op count."""
+    predicted, logged = r["predicted_comm_ops"], r.get("logged_comm_op_bytes", {})
+    return [f"{op}: logged {logged.get(op, 0):,} B in {r['logged_comm_ops'].get(op, 0)} ops, predicted "
+            f"{predicted.get(op, 0):,} B" for op in sorted(set(predicted) | set(logged))
+            if predicted.get(op, 0) != logged.get(op, 0)]
 
+
+def explain_differences(records: list[dict[str, Any]]) -> list[str]:
+    """For every figure that does not equal its prediction: where, and the measured evidence (no guessed cause)."""
     lines = []
     for r in records:
         where = f"{r['mode']} N={r['world_size']} rank {r['rank']}"
         if r["logged_comm_bytes"] is not None and r["logged_comm_bytes"] != r["predicted_comm_bytes"]:
-            ops = ", ".join(f"{n} x {op}" for op, n in r["logged_comm_ops"].items())
-            lines.append(f"{where}: logged {r['logged_comm_bytes']:,} collective bytes ({ops}) against "
-                         f"{r['predicted_comm_bytes']:,} predicted for {len(module_walk_numels(r['model']))} "
-                         "gathers: with one rank DeepSpeed keeps parameters whole after the step and gathers only "
-                         "those it had released; every module is still broadcast.")
+            lines.append(f"{where}: collective bytes differ by op: " + "; ".join(op_differences(r)))
         extra = r["measured_bytes"] - r["measured_payload_bytes"]
         if r["measured_payload_bytes"] and extra > 0.01 * r["measured_payload_bytes"]:
-            lines.append(f"{where}: the files hold {extra:,} bytes beyond the tensors' {r['measured_payload_bytes']:,}"
-                         ": headers (pickle, JSON, config, tokenizer) and, where a tensor is a view into a larger "
-                         "buffer, the rest of that buffer (torch.save writes whole storages).")
+            lines.append(f"{where}: the files hold {extra:,} bytes beyond the tensors' {r['measured_payload_bytes']:,} "
+                         f"({extra / r['measured_payload_bytes']:.1%}); the model predicts tensor payload only")
     return lines

@@ -10,6 +10,10 @@ For P parameters in tensors p_1..p_k, N ranks and Adam:
   (the rank's torch RNG state in our client state, Adam's step counter) and a pickle header (config, shapes).
   The model-states file holds only 0-element placeholders under ZeRO-3.
 - Every `save_checkpoint` validates its tag: two all-reduces (MAX and MIN) of the tag's 20-byte SHA-1 digest.
+- Persistent tensors: with `stage3_param_persistence_threshold` t, every tensor of at most t elements is kept whole
+  on every rank (DeepSpeed's `mark_persistent_parameters`; its default t = 1e5). It is still partitioned for the
+  optimizer (the save writes the same bytes), but each rank also holds it whole in the working dtype, and every
+  `save_checkpoint` ends by all-gathering the persistent tensors again (`checkpoint_event_epilogue`).
 - A gathered (consolidated) save all-gathers parameters: each rank sends its slice of a tensor (DeepSpeed's comms
   logger records that input: ceil(k/N) x dtype bytes per call) and receives the padded whole.
   * Route 1, `save_16bit_model`, walks the modules and gathers each module's own parameters with
@@ -73,6 +77,11 @@ def slice_numel(numels: tuple[int, ...], n: int) -> int:
     return sum(math.ceil(k / n) for k in numels)
 
 
+def persistent(numels: tuple[int, ...], threshold: int) -> tuple[int, ...]:
+    """Element counts of the tensors DeepSpeed keeps whole on every rank: those of at most `threshold` elements."""
+    return tuple(k for k in numels if k <= threshold)
+
+
 def padding(numels: tuple[int, ...], n: int) -> int:
     """Elements of padding over all ranks: N x slice - P."""
     return n * slice_numel(numels, n) - sum(numels)
@@ -85,10 +94,14 @@ class Prediction:
     model: str
     world_size: int
     dtype: str
+    persistence_threshold: int
     num_params: int
     num_tensors: int
     slice_numel: int
     padding_numel: int
+    persistent_tensors: int
+    persistent_numel: int  # elements each rank holds whole beyond its slice
+    held_numel: int  # slice + persistent: the parameter elements each rank holds
     param_bytes: int
     grad_bytes: int
     master_bytes: int
@@ -108,25 +121,39 @@ def gather_bytes(numels: tuple[int, ...], n: int, b: int) -> int:
     return sum(math.ceil(k / n) * b for k in numels)
 
 
-def predict(name: str, n: int, dtype: str = "fp32") -> Prediction:
+def with_ops(ops: dict[str, int]) -> dict[str, Any]:
+    """A mode's predicted collectives: bytes per DeepSpeed op name (zero ones dropped) and their sum."""
+    ops = {op: v for op, v in ops.items() if v}
+    return {"ops": ops, "comm_bytes_per_rank": sum(ops.values())}
+
+
+def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int = 0) -> Prediction:
     """Everything the cost model says about preset `name` on `n` ranks."""
     numels, walk = tensor_numels(name), module_walk_numels(name)
     p, s, b = sum(numels), slice_numel(numels, n), DTYPE_BYTES[dtype]
+    kept = persistent(numels, persistence_threshold)
+    # the save's epilogue gathers the persistent tensors again (a world of one rank has nothing to gather)
+    regather = gather_bytes(kept, n, b) if n > 1 else 0
+    released = tuple(k for k in numels if k > persistence_threshold)  # what a gathered save must fetch
+    walk_released = tuple(k for k in walk if k > persistence_threshold)
     write = (1 + ADAM_STATES) * FP32 * s + fixed_tensor_bytes()  # fp32 master slice + Adam moments + fixed
-    route1 = {"allgather_bytes_per_rank": gather_bytes(walk, n, b), "broadcast_bytes_per_rank": sum(walk) * b}
-    route2 = {"allgather_bytes_per_rank": gather_bytes(numels, n, b)}
+    route1 = {"allgather_bytes_per_rank": gather_bytes(walk_released, n, b), "broadcast_bytes_per_rank": sum(walk) * b}
+    route2 = {"allgather_bytes_per_rank": gather_bytes(released, n, b)}
     full = {"rank0_extra_peak_bytes": b * p, "written_bytes": b * p}
     return Prediction(
-        model=name, world_size=n, dtype=dtype, num_params=p, num_tensors=len(numels), slice_numel=s,
-        padding_numel=padding(numels, n), param_bytes=b * s, grad_bytes=b * s, master_bytes=FP32 * s,
-        optimizer_bytes=ADAM_STATES * FP32 * s,
-        partitioned={"per_rank_bytes": [write] * n, "total_bytes": write * n, "comm_bytes_per_rank": TAG_CHECK_BYTES},
-        gathered={**route1, "comm_bytes_per_rank": sum(route1.values()), **full},
-        per_param={**route2, "comm_bytes_per_rank": sum(route2.values()), **full},
-        offline={"read_bytes": write * n, "written_bytes": FP32 * p, "comm_bytes_per_rank": 0,
+        model=name, world_size=n, dtype=dtype, persistence_threshold=persistence_threshold, num_params=p,
+        num_tensors=len(numels), slice_numel=s, padding_numel=padding(numels, n), persistent_tensors=len(kept),
+        persistent_numel=sum(kept), held_numel=s + sum(kept), param_bytes=b * (s + sum(kept)), grad_bytes=b * s,
+        master_bytes=FP32 * s, optimizer_bytes=ADAM_STATES * FP32 * s,
+        partitioned={"per_rank_bytes": [write] * n, "total_bytes": write * n,
+                     "tag_check_bytes_per_rank": TAG_CHECK_BYTES, "regather_bytes_per_rank": regather,
+                     **with_ops({"all_reduce": TAG_CHECK_BYTES, "all_gather_into_tensor": regather})},
+        gathered={**route1, **full, **with_ops({"all_gather_into_tensor": route1["allgather_bytes_per_rank"],
+                                                "broadcast": route1["broadcast_bytes_per_rank"]})},
+        per_param={**route2, **full, **with_ops({"all_gather_into_tensor": route2["allgather_bytes_per_rank"]})},
+        offline={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}),
                  "rank0_extra_peak_bytes": FP32 * p},  # the fp32 state dict, built in memory before writing
-        hf={"read_bytes": write * n, "written_bytes": FP32 * p, "comm_bytes_per_rank": 0,
-            "rank0_extra_peak_bytes": FP32 * p},
+        hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), "rank0_extra_peak_bytes": FP32 * p},
     )
 
 
@@ -143,7 +170,13 @@ def predicted_for(pred: Prediction, mode: str, rank: int) -> dict[str, int]:
         written = part["written_bytes"] if rank == 0 else 0
         extra = part.get("rank0_extra_peak_bytes", 0) if rank == 0 else 0
     return {"predicted_bytes": written, "predicted_comm_bytes": part["comm_bytes_per_rank"],
-            "predicted_extra_peak_bytes": extra}
+            "predicted_comm_ops": part["ops"], "predicted_extra_peak_bytes": extra}
+
+
+def exact_ratio(p: int, n: int) -> str:
+    """P/N written exactly: an integer, or an integer and a fraction (never a rounded float)."""
+    whole, rest = divmod(p, n)
+    return f"{whole:,}" + (f" {rest}/{n}" if rest else "")
 
 
 def format_prediction(pred: Prediction) -> str:
@@ -151,13 +184,17 @@ def format_prediction(pred: Prediction) -> str:
     mib = 2**20
     part, gath = pred.partitioned, pred.gathered
     return "\n".join([
-        f"{pred.model}: P = {pred.num_params:,} in {pred.num_tensors} tensors, N = {pred.world_size}, {pred.dtype}",
-        f"  each rank owns {pred.slice_numel:,} elements (P/N = {pred.num_params / pred.world_size:,.1f}, "
-        f"padding {pred.padding_numel:,} in all)",
+        f"{pred.model}: P = {pred.num_params:,} in {pred.num_tensors} tensors, N = {pred.world_size}, {pred.dtype}, "
+        f"stage3_param_persistence_threshold {pred.persistence_threshold:,}",
+        f"  each rank owns a slice of {pred.slice_numel:,} elements "
+        f"(P/N = {exact_ratio(pred.num_params, pred.world_size)}, padding {pred.padding_numel:,} elements in all)",
+        f"  and keeps {pred.persistent_tensors} persistent tensors whole ({pred.persistent_numel:,} elements): "
+        f"it holds {pred.held_numel:,} parameter elements",
         f"  held per rank: params {pred.param_bytes / mib:.2f} MiB, grads {pred.grad_bytes / mib:.2f} MiB, "
         f"fp32 master {pred.master_bytes / mib:.2f} MiB, Adam {pred.optimizer_bytes / mib:.2f} MiB",
-        f"  partitioned save: {part['per_rank_bytes'][0]:,} bytes per rank, no gathering "
-        f"({part['comm_bytes_per_rank']} bytes: the tag check)",
+        f"  partitioned save: {part['per_rank_bytes'][0]:,} bytes per rank; collectives {part['comm_bytes_per_rank']:,}"
+        f" bytes per rank ({part['tag_check_bytes_per_rank']} for the tag check, {part['regather_bytes_per_rank']:,} "
+        "to gather the persistent tensors again)",
         f"  gathered save (save_16bit_model): all-gather {gath['allgather_bytes_per_rank']:,} + broadcast "
         f"{gath['broadcast_bytes_per_rank']:,} bytes logged per rank, rank 0 extra peak "
         f"{gath['rank0_extra_peak_bytes']:,} bytes, writes {gath['written_bytes']:,} bytes",

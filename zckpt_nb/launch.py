@@ -264,16 +264,32 @@ def train_args(steps: int, output_dir: Path, *, save_checkpoint: bool, save_ever
     return args + extra
 
 
+def default_timeout(model: str, nproc: int, steps: int) -> float:
+    """A generous bound for one launch: start-up plus the preset's step time, scaled by ranks per CPU core.
+
+    Only a bound (a hung job must end); it is no performance claim. On GPUs it is far more than needed.
+    """
+    per_step = {"tiny": 0.2, "small": 1.5, "medium": 15.0, "large": 60.0}.get(model, 60.0)
+    crowding = max(1.0, nproc / (os.cpu_count() or 1))
+    return 300 + crowding * (60 * nproc + per_step * steps * 3)
+
+
 def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny", *, save_checkpoint: bool = False,
-           save_every: int = 0, resume: bool = False, model: str = "tiny", seed: int = 0, timeout: float = 600,
-           extra: list[str] | None = None, verbose: bool = True, progress: bool = True) -> RunResult:
-    """Train `model` with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements."""
+           save_every: int = 0, resume: bool = False, model: str = "tiny", seed: int = 0,
+           timeout: float | None = None, persistence_threshold: int = 0, extra: list[str] | None = None,
+           verbose: bool = True, progress: bool = True) -> RunResult:
+    """Train `model` with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements.
+
+    `timeout=None` scales the bound with the preset, the steps and the ranks (`default_timeout`).
+    """
+    timeout = timeout or default_timeout(model, nproc, steps)
+    extra = [*(extra or []), "--persistence_threshold", str(persistence_threshold)]
     output_dir = Path(output_dir).resolve()
     check_train_args(nproc, steps, output_dir, resume=resume, model=model, save_every=save_every, timeout=timeout)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
     args = train_args(steps, output_dir, save_checkpoint=save_checkpoint, save_every=save_every,
-                      resume=resume, model=model, seed=seed, extra=extra or [])
+                      resume=resume, model=model, seed=seed, extra=extra)
     name = f"train {model} on {nproc} rank(s) -> {output_dir}"
     log, seconds = launch_module("zckpt_nb.train", args, nproc=nproc, timeout=timeout, name=name,
                                  log_path=output_dir / "launch.log", verbose=verbose, progress=progress)
@@ -286,3 +302,39 @@ def fresh_dir(path: str | Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/") -> dict[str, list[str]]:
+    """What each rank really printed (from DIR/launch.log): its last `last` lines, progress lines skipped."""
+    import re
+
+    lines: dict[str, list[str]] = {}
+    for line in (Path(output_dir) / "launch.log").read_text().splitlines():
+        m = re.match(r"\[(rank \d+)\] (.*)", line)
+        if m and not re.match(skip, m.group(2)):
+            lines.setdefault(m.group(1), []).append(m.group(2))
+    return {who: found[-last:] for who, found in sorted(lines.items())}
+
+
+def try_spawn(fn: Callable[[int], Any], nprocs: int = 2, timeout: float = 60.0) -> str:
+    """Start `fn` on `nprocs` processes with `torch.multiprocessing` (spawn), as a notebook would; say what happened.
+
+    Bounded: the children are killed after `timeout` seconds. Returns the error line, or how the children ended.
+    """
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(fn, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                return f"still running after {timeout:.0f} s: killed"
+        return f"all {nprocs} processes finished without error"
+    except mp.ProcessRaisedException as e:
+        return str(e).strip().splitlines()[-1]
+    except mp.ProcessExitedException as e:
+        return str(e).strip().splitlines()[0]
+    finally:
+        for p in context.processes:
+            if p.is_alive():
+                p.kill()

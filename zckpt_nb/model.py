@@ -27,7 +27,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # ~0.3M parameters: trains on 2 CPU ranks in seconds, loss falls well below ln(vocab)/2.
-    "tiny": Preset(1024, 64, 96, 2, 4, micro_batch=8, seq_len=64, lr=3e-3),
+    "tiny": Preset(1024, 64, 80, 2, 4, micro_batch=8, seq_len=64, lr=3e-3),
     # ~3.5M parameters: a CPU run of a few minutes.
     "small": Preset(2048, 128, 256, 4, 4, micro_batch=8, seq_len=128, lr=1e-3),
     # ~56M parameters: the ">= 50M" preset for measuring save costs on CPU; comfortable on a GPU.
@@ -73,6 +73,7 @@ def ds_config(
     bf16: bool = False,
     gather_16bit_on_save: bool = False,
     comms_logger: bool = False,
+    persistence_threshold: int = 0,
 ) -> dict[str, Any]:
     """The DeepSpeed ZeRO-3 config for preset `name` (one JSON-able dict, nothing hidden)."""
     p = get_preset(name)
@@ -96,13 +97,22 @@ def ds_config(
         "bf16": {"enabled": bf16},
         "zero_optimization": {
             "stage": 3,
-            # 0: every parameter is partitioned, however small, so each rank holds exactly its P/N share.
-            "stage3_param_persistence_threshold": 0,
+            # Tensors of at most this many elements stay whole on every rank ("persistent"). The package teaches
+            # with 0, so each rank holds exactly its P/N share; DeepSpeed's default (1e5) keeps every tensor of
+            # `tiny` whole and re-gathers them after each save. Notebook 01 measures both.
+            "stage3_param_persistence_threshold": persistence_threshold,
             "stage3_gather_16bit_weights_on_model_save": gather_16bit_on_save,
             "overlap_comm": False,
         },
         "comms_logger": {"enabled": comms_logger, "verbose": False, "prof_all": True, "debug": False},
     }
+
+
+def deepspeed_persistence_default() -> int:
+    """DeepSpeed's own default for `stage3_param_persistence_threshold`, read from its config model."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    return int(DeepSpeedZeroConfig.model_fields["param_persistence_threshold"].default)
 
 
 def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
@@ -119,6 +129,35 @@ def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
     hf_ds_config = HfDeepSpeedConfig(config)
     model = AutoModelForCausalLM.from_config(gpt2_config(name))
     return model, hf_ds_config
+
+
+def build_model_bare(name: str, config: dict[str, Any]) -> tuple[Any, None]:
+    """The trap notebook 02 runs: `from_config` inside a bare `deepspeed.zero.Init`, no HfDeepSpeedConfig.
+
+    transformers 5 then skips its weight init on the partitioned tensors, and training starts from whatever
+    the memory held (step-0 loss far above ln(vocab)). Never use it for real work.
+    """
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = AutoModelForCausalLM.from_config(gpt2_config(name))
+    return model, None
+
+
+def held_elements(model: Any) -> dict[str, int]:
+    """Parameter elements this rank holds: its own slices, and the persistent tensors it keeps whole."""
+    params = list(model.parameters())
+    persistent = [p for p in params if getattr(p, "ds_persist", False)]
+    return {"owned": sum(p.ds_tensor.numel() for p in params), "persistent_tensors": len(persistent),
+            "persistent": sum(p.ds_numel for p in persistent)}
+
+
+def state_dict_placeholders(model: Any) -> dict[str, int]:
+    """What `model.state_dict()` returns on this rank under ZeRO-3: how many tensors, how many are empty."""
+    tensors = list(model.state_dict().values())
+    return {"tensors": len(tensors), "empty": sum(t.numel() == 0 for t in tensors),
+            "elements": sum(t.numel() for t in tensors)}
 
 
 def count_params(model: Any) -> int:

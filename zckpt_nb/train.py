@@ -21,8 +21,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, measure, verify
-from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset, param_count
+from zckpt_nb import checkpoint, commit, consolidate, measure, patterns, verify
+from zckpt_nb.model import (
+    PRESETS,
+    build_model,
+    build_model_bare,
+    count_params,
+    ds_config,
+    get_preset,
+    held_elements,
+    param_count,
+    state_dict_placeholders,
+)
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -50,6 +60,15 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
     parser.add_argument("--save_gathered", action="store_true",
                         help="after training, save DIR/per_param/ gathering one parameter at a time (route 2)")
+    parser.add_argument("--persistence_threshold", type=int, default=0,
+                        help="DeepSpeed's stage3_param_persistence_threshold: tensors of at most this many elements "
+                             "stay whole on every rank (0: every tensor is partitioned; DeepSpeed's default is 1e5)")
+    parser.add_argument("--gather_16bit", default="auto", choices=["auto", "on", "off"],
+                        help="stage3_gather_16bit_weights_on_model_save (auto: on with --save_16bit); with off, "
+                             "save_16bit_model saves nothing")
+    parser.add_argument("--init", default="hf", choices=["hf", "bare_zero_init"],
+                        help="hf: HfDeepSpeedConfig before from_config (correct); bare_zero_init: the trap that "
+                             "leaves weights uninitialised (notebook 02)")
     parser.add_argument("--save_reference", action="store_true",
                         help="after training, write each rank's raw partitions and the engine's logits on a "
                              "fixed batch to DIR/reference/ (what the equality checks compare against)")
@@ -128,10 +147,10 @@ def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, ident
     """One save in the pattern --save_mode names; returns its `commit.SaveOutcome`."""
     state, tag = checkpoint.client_state(step, args.seed), f"global_step{step}"
     if args.save_mode == "plain":
-        return commit.save_plain(engine, args.output_dir, tag, state)
+        return patterns.save_plain(engine, args.output_dir, tag, state)
     if args.save_mode == "rank0_only":
-        return commit.save_rank0_only(engine, tokenizer, args.output_dir, tag, state,
-                                      collective_timeout(args.collective_timeout))
+        return patterns.save_rank0_only(engine, tokenizer, args.output_dir, tag, state,
+                                        collective_timeout(args.collective_timeout))
     return checkpoint.save_partitioned(engine, tokenizer, args.output_dir, state, keep_last=args.keep_last,
                                        identity=identity)
 
@@ -201,13 +220,17 @@ def train(argv: list[str] | None = None) -> None:
 
     # The model is built partitioned: no rank ever holds all of it.
     saving = args.save_checkpoint or args.save_every or args.save_16bit or args.save_gathered
-    config = ds_config(args.model, steps=args.steps, bf16=bf16, gather_16bit_on_save=args.save_16bit,
-                       comms_logger=bool(saving))  # its per-op byte counts give each save's collective bytes
-    model, _hf_ds_config = build_model(args.model, config)
+    gather16 = args.gather_16bit == "on" or (args.gather_16bit == "auto" and args.save_16bit)
+    config = ds_config(args.model, steps=args.steps, bf16=bf16, gather_16bit_on_save=gather16,
+                       comms_logger=bool(saving),  # its per-op byte counts give each save's collective bytes
+                       persistence_threshold=args.persistence_threshold)
+    model, _hf_ds_config = (build_model if args.init == "hf" else build_model_bare)(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    owned, num_params = sum(p.ds_tensor.numel() for p in engine.module.parameters()), count_params(engine.module)
-    print(f"rank {rank}/{world} on {device} ({backend}): holds {owned:,} of {num_params:,} "
-          "parameter elements", flush=True)
+    held, num_params = held_elements(engine.module), count_params(engine.module)
+    print(f"rank {rank}/{world} on {device} ({backend}): holds {held['owned'] + held['persistent']:,} parameter "
+          f"elements of {num_params:,}: its own slices, {held['owned']:,}, plus {held['persistent_tensors']} "
+          f"persistent tensors kept whole, {held['persistent']:,} (stage3_param_persistence_threshold "
+          f"{args.persistence_threshold:,})", flush=True)
 
     start_step = 0
     if args.resume:
@@ -234,6 +257,8 @@ def train(argv: list[str] | None = None) -> None:
             save_costs.append(cost.to_dict())
             save_seconds += outcome.seconds
             saves.append(outcome.record())
+            if outcome.skipped:  # this rank never called the save (the seed's rank-0 guard): nothing to report
+                continue
             if not outcome.committed:
                 failed.append({"tag": outcome.tag, "step": done, "error": outcome.error})
                 report_failed_save(outcome, args)
@@ -253,6 +278,7 @@ def train(argv: list[str] | None = None) -> None:
         "save_seconds": save_seconds,
         "saves": saves,
         "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
+        "held": held, "state_dict": state_dict_placeholders(engine.module),
         "save_costs": save_costs,
     })
     costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs
@@ -262,7 +288,8 @@ def train(argv: list[str] | None = None) -> None:
             "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": num_params,
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
-            "save_mode": args.save_mode, "failed_saves": failed,
+            "save_mode": args.save_mode, "failed_saves": failed, "init": args.init,
+            "persistence_threshold": args.persistence_threshold, "ds_config": config,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
             "save_costs": costs, "ranks": records,
         }
