@@ -57,6 +57,7 @@ class SaveOutcome:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # write, fsync, hash, protocol (seconds)
     deleted: list[str] = field(default_factory=list)  # tags removed by --keep_last
+    skipped: bool = False  # this rank did not take part (only the seed's rank-0-only pattern does that)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -407,36 +408,3 @@ def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[s
     if errors:
         raise CheckpointError(errors[0])
     return tag, note
-
-
-def save_plain(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any]) -> SaveOutcome:
-    """DeepSpeed's save alone, as the foundation did (the benchmark's baseline): no fsync, no hash, no manifest."""
-    start = time.perf_counter()
-    engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
-    seconds = time.perf_counter() - start
-    return SaveOutcome(tag, step_of(tag), True, seconds=seconds, timings={"write": seconds})
-
-
-def save_rank0_only(engine: Any, tokenizer: Any, save_dir: str | Path, tag: str, state: dict[str, Any],
-                    timeout: float) -> SaveOutcome:
-    """The seed's snippet, for notebook 06: `if rank == 0:` around the whole, collective, save. It cannot finish.
-
-    Rank 0 waits in DeepSpeed's first barrier for ranks that went on training; the collective timeout
-    ends the wait with an error, which is turned into one line saying what happened.
-    """
-    import torch.distributed as dist
-
-    start = time.perf_counter()
-    if dist.get_rank() == 0:
-        try:
-            os.makedirs(save_dir, exist_ok=True)
-            engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
-            tokenizer.save_pretrained(str(save_dir))
-        except Exception as e:
-            if not is_timeout(e):
-                raise
-            raise CollectiveTimeout(
-                f"rank 0: save_checkpoint of {tag} was called on rank 0 only (--save_mode rank0_only) and gave up "
-                f"after {time.perf_counter() - start:.0f} s (collective timeout {timeout:.0f} s) waiting for ranks "
-                "that never joined: under ZeRO-3 every rank must call save_checkpoint") from None
-    return SaveOutcome(tag, step_of(tag), False, "rank 0 saved alone", time.perf_counter() - start)

@@ -1,10 +1,10 @@
 """Real faults on demand, for the tests and notebook 06: `ZCKPT_FAULT=point:rank:step[:seconds]`.
 
 The worker reads the variable and, when rank `rank` reaches `point` of the save at step `step`, does
-something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`), stalls
-like a write to a hung network filesystem (`stall`, for `seconds`), or fills the target filesystem the
-way a neighbour job's temporary file would (`fill`, removed again once the save is over). Nothing is
-mocked: the files, errors and dead processes are real.
+something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`; after
+`seconds` if given), stalls like a write to a hung network filesystem (`stall`, for `seconds`), or fills
+the target filesystem the way a neighbour job's temporary file would (`fill`, removed again once the save is
+over). Nothing is mocked: the files, errors and dead processes are real.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def maybe(point: str, rank: int, step: int, directory: Path | None = None) -> No
         return
     print(f"ZCKPT_FAULT: rank {rank} injects '{point}' at step {step}", flush=True)
     if point in KILL_POINTS:
+        time.sleep(seconds)  # a slow write before the crash: the other ranks get that long to run ahead
         os.kill(os.getpid(), signal.SIGKILL)
     elif point == "stall":
         time.sleep(seconds)
