@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.costs import exact_ratio
 from zckpt_nb.verify import RANK_FILE, latest_name
 
 
@@ -106,7 +107,7 @@ def format_inspection(info: CheckpointInfo) -> str:
     """A human-readable table: per rank, every file with its size and the partition it holds."""
     n = info.world_size
     lines = [f"checkpoint {info.ckpt_dir} tag {info.tag}: P = {info.num_params:,} parameters "
-             f"in {info.num_tensors} tensors, N = {n} ranks, P/N = {info.num_params / n:,.1f}"]
+             f"in {info.num_tensors} tensors, N = {n} ranks, P/N = {exact_ratio(info.num_params, n)}"]
     for shard in info.ranks:
         lines.append(f"rank {shard.rank}: {shard.partition_numel:,} parameter elements "
                      f"({shard.partition_numel / info.num_params:.1%} of P, padding included), {shard.bytes:,} bytes")
@@ -128,3 +129,44 @@ def tree(root: str | Path) -> str:
         name = f"{'    ' * depth}{path.name}{'/' if path.is_dir() else ''}"
         lines.append(f"{name:<56} {path.stat().st_size:>12,} B" if path.is_file() else name)
     return "\n".join(lines)
+
+
+# The principle's "Checkpoint Contents" table, verbatim: file name -> what it says the file is.
+SEED_FILES = {
+    "mp_rank_00_model_states.pt": "Model parameter state dict (one per rank in partitioned mode)",
+    "zero_pp_rank_0_mp_rank_00_optim_states.pt": "Optimizer state (partitioned across ranks)",
+    "tokenizer.json": "Tokenizer configuration (from save_pretrained)",
+    "tokenizer_config.json": "Tokenizer settings",
+    "special_tokens_map.json": "Special token mappings",
+    "latest": "Pointer to the latest checkpoint tag",
+}
+# Files a real tree holds that the table does not list, and who writes them.
+OTHER_FILES = {
+    "zero_to_fp32.py": "DeepSpeed's offline consolidation script, copied in by save_checkpoint (notebook 03)",
+    "zero_to_torch.py": "DeepSpeed's wrapper of zero_to_fp32 that can also write fp16/bf16 weights, copied in too",
+    "config.json": "the model's transformers config, written by rank 0 (export needs it)",
+    "zckpt_manifest.json": "this package's commit record: sizes and SHA-256 of every file (notebook 06)",
+    "run.json": "this package's record of the run's measurements",
+    "launch.log": "this package's launcher log: every rank's output",
+}
+
+
+def seed_files_vs_tree(ckpt_dir: str | Path) -> list[dict[str, Any]]:
+    """Each file the principle lists: is it in the real tree under that name, and which real files end with it."""
+    root = Path(ckpt_dir)
+    files = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    rows = []
+    for name, says in SEED_FILES.items():
+        exact = [str(p) for p in files if p.name == name]
+        similar = [str(p) for p in files if p.name.endswith(name) and p.name != name]
+        rows.append({"the principle lists": name, "it says": says, "in the tree under that name": len(exact),
+                     "real files ending with that name": len(similar), "e.g.": (similar or exact or ["-"])[0]})
+    return rows
+
+
+def unlisted_files(ckpt_dir: str | Path) -> list[dict[str, Any]]:
+    """Files in the tree whose names the principle's table does not mention, with what they are."""
+    root = Path(ckpt_dir)
+    names = sorted({p.name for p in root.rglob("*") if p.is_file()} - set(SEED_FILES))
+    return [{"file": n, "what it is": OTHER_FILES.get(n, "a rank's shard" if RANK_FILE.search(n) else "-")}
+            for n in names if not any(n.endswith(s) for s in SEED_FILES)]

@@ -13,12 +13,34 @@ def notebook_paths(nb_dir: Path, only: list[str] | None = None) -> list[Path]:
     return [p for p in paths if not only or any(p.name.startswith(o) for o in only)]
 
 
+def parameter_names(path: Path) -> list[str]:
+    """The names the notebook's `parameters`-tagged cell assigns (what papermill's -p may set)."""
+    import ast
+
+    import nbformat
+
+    cells = [c for c in nbformat.read(path, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    tree = ast.parse(cells[0].source) if cells else ast.Module(body=[], type_ignores=[])
+    return [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)]
+
+
+def check_parameters(path: Path, parameters: dict[str, Any]) -> None:
+    """Refuse a parameter the notebook does not take (papermill would set it silently and run the defaults)."""
+    from zckpt_nb.launch import UsageError
+
+    known = parameter_names(path)
+    unknown = sorted(set(parameters) - set(known))
+    if unknown:
+        raise UsageError(f"{path.name} takes no parameter {', '.join(unknown)}; it takes {', '.join(known)}")
+
+
 def execute(path: Path, build_dir: Path, parameters: dict[str, Any] | None = None) -> Path:
     """Run one notebook with its working directory beside it; write build/NAME.ipynb and .html."""
     import nbformat
     import papermill
     from nbconvert import HTMLExporter
 
+    check_parameters(path, parameters or {})
     build_dir.mkdir(parents=True, exist_ok=True)
     out = build_dir / path.name
     papermill.execute_notebook(str(path), str(out), parameters=parameters or {}, cwd=str(path.parent),
@@ -28,13 +50,14 @@ def execute(path: Path, build_dir: Path, parameters: dict[str, Any] | None = Non
     return out
 
 
-def run_all(nb_dir: Path, build_dir: Path, only: list[str] | None = None) -> list[str]:
+def run_all(nb_dir: Path, build_dir: Path, only: list[str] | None = None,
+            parameters: dict[str, Any] | None = None) -> list[str]:
     """Execute every notebook, print one line each with its run time; return the names that failed."""
     failures = []
     for path in notebook_paths(nb_dir, only):
         start = time.perf_counter()
         try:
-            execute(path, build_dir)
+            execute(path, build_dir, parameters)
             status = "ok"
         except Exception as e:  # report and go on: one broken notebook should not hide the others
             status = f"FAILED: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}"

@@ -11,8 +11,12 @@ from zckpt_nb.inspect import CheckpointInfo
 
 
 def add_caption(fig: Figure, caption: str) -> Figure:
-    """Write `caption` under the axes, wrapped, so a saved figure explains itself."""
-    fig.text(0.01, -0.02, caption, ha="left", va="top", wrap=True, fontsize=9)
+    """Write `caption` under the axes, wrapped, so a saved figure explains itself.
+
+    `tight_layout` first pulls tick and axis labels inside the figure, so the caption below it never overlaps them.
+    """
+    fig.tight_layout()
+    fig.text(0.01, -0.01, caption, ha="left", va="top", wrap=True, fontsize=9)
     return fig
 
 
@@ -75,12 +79,13 @@ def plot_save_outcomes(steps: Sequence[int], losses: Sequence[float], saves: Seq
                        caption: str) -> Figure:
     """Loss against step, with every save marked where it happened: committed or failed."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.plot(steps, losses, lw=1.5, label="training loss")
-    by_step = dict(zip(steps, losses))
+    done = [s + 1 for s in steps]  # steps as the log counts them: "step k" is the k-th update, and a save follows it
+    ax.plot(done, losses, lw=1.5, label="training loss")
+    by_step = dict(zip(done, losses))
     for ok, marker, color, name in ((True, "^", "tab:green", "save committed"), (False, "X", "tab:red", "save failed")):
-        xs = [s["step"] - 1 for s in saves if s["committed"] == ok]  # a save at step k follows step index k-1
+        xs = [s["step"] for s in saves if s["committed"] == ok]
         ax.scatter(xs, [by_step[x] for x in xs], marker=marker, s=90, color=color, label=name, zorder=3)
-    ax.set(title=title, xlabel="optimizer step (count)", ylabel="training loss (nats per token)")
+    ax.set(title=title, xlabel="optimizer step, as the log counts it (count)", ylabel="training loss (nats per token)")
     ax.legend()
     return add_caption(fig, caption)
 

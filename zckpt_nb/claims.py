@@ -1,0 +1,88 @@
+"""Sentences that state a figure or a verdict, built from this run's measurements: no fixed outcome text.
+
+A notebook never prints a verdict it did not compute. It passes what it just measured to one of these
+functions; the tests feed them data that makes each verdict go the other way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def partition_row(run: Any) -> dict[str, Any]:
+    """One run's per-rank figures: parameter elements held, bytes written, the partitioned save's collectives."""
+    held = [r["held"]["owned"] + r["held"]["persistent"] for r in run.ranks]
+    saves = [c for c in run.data["save_costs"] if c["mode"] == "partitioned"]
+    return {"N": run.world_size, "threshold": run.data["persistence_threshold"], "P": run.num_params,
+            "held per rank": max(held), "persistent per rank": max(r["held"]["persistent"] for r in run.ranks),
+            "written per rank": max(sum(f["bytes"] for f in r["files"]) for r in run.ranks),
+            "save collective bytes per rank": max((c["comm_bytes"] or 0 for c in saves), default=0),
+            "save collective ops": ", ".join(sorted({f"{o['count']} x {op}" for c in saves
+                                                    for op, o in c["comm_ops"].items()})) or "none logged"}
+
+
+def falls_as_one_over_n(a: dict[str, Any], b: dict[str, Any], tolerance: float = 0.01) -> bool:
+    """Whether the elements held per rank went from run `a` to run `b` in proportion to 1/N."""
+    return abs(b["held per rank"] / a["held per rank"] - a["N"] / b["N"]) <= tolerance * a["N"] / b["N"]
+
+
+def scaling_sentence(rows: list[dict[str, Any]]) -> str:
+    """How each rank's share changed between the measured world sizes, with the 1/N it would follow ideally."""
+    rows = sorted(rows, key=lambda r: r["N"])
+    if len(rows) < 2:
+        return (f"Only N = {rows[0]['N']} was measured, so this run shows nothing about how a rank's share changes "
+                "with N: give WORLD_SIZES two or more values.")
+    steps = [f"N = {a['N']} to {b['N']}: held x{b['held per rank'] / a['held per rank']:.3f} (1/N gives "
+             f"x{a['N'] / b['N']:.3f}), written x{b['written per rank'] / a['written per rank']:.3f}"
+             for a, b in zip(rows, rows[1:])]
+    ok = all(falls_as_one_over_n(a, b) for a, b in zip(rows, rows[1:]))
+    verdict = "Each rank's share fell as 1/N" if ok else "Each rank's share did not fall as 1/N everywhere"
+    return f"{verdict}: " + "; ".join(steps) + "."
+
+
+def whole_model_sentence(rows: list[dict[str, Any]]) -> str:
+    """Which runs had a rank holding at least all P parameter elements, and why, from the measured shares."""
+    whole = [r for r in rows if r["held per rank"] >= r["P"]]
+    if not whole:
+        top = max(rows, key=lambda r: r["held per rank"] / r["P"])
+        return (f"No rank held the whole model in any run: the largest share was {top['held per rank']:,} of "
+                f"P = {top['P']:,} elements ({top['held per rank'] / top['P']:.1%}, N = {top['N']}).")
+    why = [f"N = {r['N']}, threshold {r['threshold']:,}: " +
+           ("the only rank owns every slice" if r["N"] == 1 else
+            f"{r['persistent per rank']:,} elements of persistent tensors kept whole") for r in whole]
+    return "A rank held at least all P elements in " + "; ".join(why) + "."
+
+
+def save_comm_sentence(rows: list[dict[str, Any]]) -> str:
+    """The partitioned save's collective bytes per rank, as DeepSpeed's comms logger recorded them."""
+    return "The partitioned save's collectives per rank (DeepSpeed's comms logger): " + "; ".join(
+        f"N = {r['N']}, threshold {r['threshold']:,}: {r['save collective bytes per rank']:,} B "
+        f"({r['save collective ops']})" for r in sorted(rows, key=lambda r: (r["threshold"], r["N"]))) + "."
+
+
+def threshold_sentence(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What changing stage3_param_persistence_threshold from run `a` to run `b` changed, measured."""
+    return (f"At N = {a['N']}, threshold {a['threshold']:,} -> {b['threshold']:,}: elements held per rank "
+            f"{a['held per rank']:,} -> {b['held per rank']:,} ({b['held per rank'] / a['held per rank']:.2f}x), "
+            f"bytes written per rank {a['written per rank']:,} -> {b['written per rank']:,}, the save's collectives "
+            f"{a['save collective bytes per rank']:,} -> {b['save collective bytes per rank']:,} B per rank.")
+
+
+def agreement_verdict(rows: list[dict[str, Any]]) -> str:
+    """The cost model's verdict over `compare.agreement` rows: matched or not, and where not."""
+    missed = [f"{r['mode']} at N = {r['N']}" for r in rows if not r["collective bytes: predicted = logged"]]
+    worst = max((r["worst payload error (%)"] for r in rows), default=0)
+    payload = f"the worst payload error is {worst}%"
+    if not missed:
+        return f"The predicted collective bytes equal the logged ones for all {len(rows)} (mode, N) pairs; {payload}."
+    return (f"The predicted collective bytes differ from the logged ones for {len(missed)} of {len(rows)} (mode, N) "
+            f"pairs ({', '.join(missed)}): the per-op evidence is listed above; {payload}.")
+
+
+def comm_ranking(records: list[dict[str, Any]]) -> str:
+    """Save modes ordered by the collective bytes DeepSpeed logged on rank 0, at the largest world size measured."""
+    n = max(r["world_size"] for r in records)
+    at_n = sorted((r for r in records if r["world_size"] == n and r["rank"] == 0),
+                  key=lambda r: -(r["logged_comm_bytes"] or 0))
+    return (f"Collective bytes logged on rank 0 at N = {n}, largest first: "
+            + ", ".join(f"{r['mode']} {r['logged_comm_bytes'] or 0:,} B" for r in at_n) + ".")
