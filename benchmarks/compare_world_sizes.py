@@ -1,16 +1,17 @@
-"""Save modes at N = 1, 2, 4 (CPU ranks by default): the cost model against measurement, side by side in one run.
+"""Save modes at several N (CPU ranks by default): the cost model against measurement, side by side in one run.
 
-    .venv/bin/python benchmarks/compare_world_sizes.py --model tiny --nproc 1 2 4 --output_dir build/bench/compare
+    .venv/bin/python benchmarks/compare_world_sizes.py --model tiny --nproc 1 2 3 4 --output_dir build/bench/compare
 
-Prints, per (mode, N): predicted and measured bytes per rank, collective bytes predicted and logged, extra peak
-memory and wall time, then the ratios a reader checks: measured/predicted, and how each figure scales with N.
+Prints, per (mode, N, rank): predicted and measured bytes (payload and whole files), collective bytes predicted and
+logged, extra peak memory predicted (the cost model's terms) and measured, and wall time; then the ratios a reader
+checks: measured/predicted, and how each figure scales with N.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from zckpt_nb import compare
+from zckpt_nb import claims, compare
 from zckpt_nb.measure import MODES
 
 
@@ -21,15 +22,22 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES))
     parser.add_argument("--output_dir", default="build/bench/compare")
     parser.add_argument("--fresh", action="store_true", help="measure again instead of reusing compare.json")
+    parser.add_argument("--persistence_threshold", type=int, default=0)
     args = parser.parse_args()
-    records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, reuse=not args.fresh)
-    print(f"{'mode':<12}{'N':>3}{'rank':>5}{'pred B':>13}{'meas B':>13}{'ratio':>8}{'pred comm':>12}"
-          f"{'logged':>12}{'extra MiB':>10}{'s':>8}")
+    records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, reuse=not args.fresh,
+                              persistence_threshold=args.persistence_threshold)
+    print(f"{'mode':<12}{'N':>3}{'rank':>5}{'pred B':>13}{'meas B':>13}{'ratio':>8}{'file B':>13}{'file/pred':>10}"
+          f"{'pred comm':>12}{'logged':>12}{'pred MiB':>9}{'meas MiB':>9}{'s':>8}")
     for r in records:
         ratio = r["measured_payload_bytes"] / r["predicted_bytes"] if r["predicted_bytes"] else float("nan")
+        files = r["measured_bytes"] / r["predicted_bytes"] if r["predicted_bytes"] else float("nan")
         print(f"{r['mode']:<12}{r['world_size']:>3}{r['rank']:>5}{r['predicted_bytes']:>13,}"
-              f"{r['measured_payload_bytes']:>13,}{ratio:>8.4f}{r['predicted_comm_bytes']:>12,}"
-              f"{r['logged_comm_bytes'] or 0:>12,}{r['measured_extra_peak_bytes'] / 2**20:>10.2f}{r['seconds']:>8.3f}")
+              f"{r['measured_payload_bytes']:>13,}{ratio:>8.4f}{r['measured_bytes']:>13,}{files:>10.4f}"
+              f"{r['predicted_comm_bytes']:>12,}{r['logged_comm_bytes'] or 0:>12,}"
+              f"{r['predicted_extra_peak_bytes'] / 2**20:>9.2f}{r['measured_extra_peak_bytes'] / 2**20:>9.2f}"
+              f"{r['seconds']:>8.3f}")
+    memory = compare.memory_rows(records)
+    print("\n" + claims.memory_sentence(memory))
     print("\nagreement per (mode, N):")
     for row in compare.agreement(records):
         print("  " + "  ".join(f"{k}: {v}" for k, v in row.items()))

@@ -22,7 +22,10 @@ def test_prediction_reads_p_from_the_config():
     pred = predict("medium", 4, "bf16")
     assert pred.num_params == param_count("medium") == sum(tensor_numels("medium"))
     assert pred.partitioned["per_rank_bytes"] == [12 * pred.slice_numel + fixed_tensor_bytes()] * 4
-    assert pred.gathered["rank0_extra_peak_bytes"] == 2 * pred.num_params
+    terms = pred.gathered["memory_terms"]
+    assert terms["rank 0"]["full model on rank 0 (param dtype)"] == 2 * pred.num_params
+    assert pred.gathered["rank0_extra_peak_bytes"] == sum(terms["rank 0"].values()) > 2 * pred.num_params
+    assert pred.offline["rank0_extra_peak_bytes"] == 4 * (pred.num_params + 4 * pred.slice_numel)  # two fp32 copies
     # save_16bit_model meets GPT-2's tied wte twice (as wte and as lm_head); the per-parameter walk once
     wte = 8192 * 768
     assert pred.gathered["broadcast_bytes_per_rank"] == 2 * (pred.num_params + wte)

@@ -86,3 +86,16 @@ def comm_ranking(records: list[dict[str, Any]]) -> str:
                   key=lambda r: -(r["logged_comm_bytes"] or 0))
     return (f"Collective bytes logged on rank 0 at N = {n}, largest first: "
             + ", ".join(f"{r['mode']} {r['logged_comm_bytes'] or 0:,} B" for r in at_n) + ".")
+
+
+def memory_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) -> str:
+    """How many measured extra peaks lie within `tolerance` of the cost model's terms, and the furthest one."""
+    rated = [r for r in rows if r["predicted MiB"]]
+    if not rated:
+        return "The cost model predicted no extra memory for any record here."
+    near = [r for r in rated if abs(r["measured MiB"] / r["predicted MiB"] - 1) <= tolerance]
+    worst = max(rated, key=lambda r: abs(r["measured MiB"] / r["predicted MiB"] - 1))
+    return (f"{len(near)} of {len(rated)} predicted extra peaks lie within {tolerance:.0%} of the measured ones; the "
+            f"furthest is {worst['mode']} at N = {worst['N']}, rank {worst['rank']}: {worst['measured MiB']} MiB "
+            f"measured against {worst['predicted MiB']} MiB ({worst['predicted terms (MiB)']}). Records with no "
+            "prediction (the partitioned save, ranks that only send) show what was measured.")

@@ -57,7 +57,7 @@ def record(run: dict[str, Any], cost: dict[str, Any], shard_payloads: dict[int, 
     """One comparison row: predicted and measured figures for one (mode, world size, rank) of a run."""
     model, n, threshold = run["model"], run["world_size"], run["persistence_threshold"]
     return {"model": model, "mode": cost["mode"], "world_size": n, "rank": cost["rank"],
-            "persistence_threshold": threshold,
+            "persistence_threshold": threshold, "dtype": run["dtype"],
             **predicted_for(predict(model, n, run["dtype"], threshold), cost["mode"], cost["rank"]),
             "measured_bytes": cost["bytes_written"], "measured_payload_bytes": measured_payload(cost, shard_payloads),
             "peak_memory_bytes": cost["peak_memory_bytes"], "extra_peak_bytes": cost["extra_peak_bytes"],
@@ -93,10 +93,10 @@ def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, s
 def load_records(out_dir: Path) -> list[dict[str, Any]]:
     """Records measured earlier into `out_dir/compare.json` (none when it does not exist).
 
-    Records of an older format (without per-op predictions) are dropped: they are measured again.
+    Records of an older format (without dtype and per-op predictions) are dropped: they are measured again.
     """
     path = Path(out_dir) / RESULTS
-    return [r for r in json.loads(path.read_text()) if "predicted_comm_ops" in r] if path.is_file() else []
+    return [r for r in json.loads(path.read_text()) if "dtype" in r] if path.is_file() else []
 
 
 def missing(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str],
@@ -163,7 +163,32 @@ def agreement(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"mode": key[0], "N": key[1], "worst payload error (%)": round(100 * max(errors, default=0), 3),
                      "collective bytes: predicted = logged": all(p == g for p, g in comm),
                      "predicted collective bytes per rank": comm[0][0],
-                     "logged per rank": ", ".join(str(g) for _, g in comm)})
+                     "logged per rank": ", ".join(str(g) for _, g in comm),
+                     "extra memory, measured / predicted, per rank": ", ".join(memory_ratio(r) for r in group)})
+    return rows
+
+
+def memory_ratio(r: dict[str, Any]) -> str:
+    """A record's measured extra peak over its predicted one, or what was measured when nothing was predicted."""
+    if not r["predicted_extra_peak_bytes"]:
+        return f"{r['measured_extra_peak_bytes'] / 2**20:.2f} MiB (none predicted)"
+    return f"{r['measured_extra_peak_bytes'] / r['predicted_extra_peak_bytes']:.2f}"
+
+
+def memory_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each (mode, N, rank): the cost model's memory terms beside the measured extra peak, in MiB."""
+    from zckpt_nb.costs import MODE_KEYS
+
+    rows = []
+    for r in records:
+        pred = getattr(predict(r["model"], r["world_size"], r["dtype"], r["persistence_threshold"]),
+                       MODE_KEYS[r["mode"]])
+        terms = pred["memory_terms"]["rank 0" if r["rank"] == 0 else "other ranks"]
+        rows.append({"mode": r["mode"], "N": r["world_size"], "rank": r["rank"],
+                     "predicted terms (MiB)": "; ".join(f"{t} {v / 2**20:.2f}" for t, v in terms.items()) or "none",
+                     "predicted MiB": round(r["predicted_extra_peak_bytes"] / 2**20, 2),
+                     "measured MiB": round(r["measured_extra_peak_bytes"] / 2**20, 2),
+                     "measured / predicted": memory_ratio(r)})
     return rows
 
 

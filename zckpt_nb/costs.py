@@ -47,29 +47,31 @@ def fixed_tensor_bytes() -> int:
 
 
 @cache
+def meta_model(name: str) -> Any:
+    """Preset `name` built on the meta device: shapes only, no memory, no DeepSpeed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from zckpt_nb.model import gpt2_config
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(gpt2_config(name))
+
+
 def tensor_numels(name: str) -> tuple[int, ...]:
     """Element count of every distinct parameter tensor of preset `name` (tied weights once), from the config."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from zckpt_nb.model import gpt2_config
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(gpt2_config(name))
-    return tuple(p.numel() for p in model.parameters())
+    return tuple(p.numel() for p in meta_model(name).parameters())
 
 
-@cache
+def module_numels(name: str) -> tuple[tuple[int, ...], ...]:
+    """Per module with parameters of its own, their element counts (tied ones once per owning module)."""
+    groups = (tuple(p.numel() for p in m.parameters(recurse=False)) for m in meta_model(name).modules())
+    return tuple(g for g in groups if g)
+
+
 def module_walk_numels(name: str) -> tuple[int, ...]:
     """Element counts as `save_16bit_model` meets them: each module's own parameters, tied ones once per owner."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from zckpt_nb.model import gpt2_config
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(gpt2_config(name))
-    return tuple(p.numel() for m in model.modules() for p in m.parameters(recurse=False))
+    return tuple(k for group in module_numels(name) for k in group)
 
 
 def slice_numel(numels: tuple[int, ...], n: int) -> int:
@@ -127,6 +129,12 @@ def with_ops(ops: dict[str, int]) -> dict[str, Any]:
     return {"ops": ops, "comm_bytes_per_rank": sum(ops.values())}
 
 
+def memory(rank0: dict[str, int], others: dict[str, int]) -> dict[str, Any]:
+    """A mode's predicted extra peak memory: its named terms on rank 0 and on the other ranks, and their sums."""
+    return {"memory_terms": {"rank 0": rank0, "other ranks": others}, "rank0_extra_peak_bytes": sum(rank0.values()),
+            "other_extra_peak_bytes": sum(others.values())}
+
+
 def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int = 0) -> Prediction:
     """Everything the cost model says about preset `name` on `n` ranks."""
     numels, walk = tensor_numels(name), module_walk_numels(name)
@@ -139,21 +147,33 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
     write = (1 + ADAM_STATES) * FP32 * s + fixed_tensor_bytes()  # fp32 master slice + Adam moments + fixed
     route1 = {"allgather_bytes_per_rank": gather_bytes(walk_released, n, b), "broadcast_bytes_per_rank": sum(walk) * b}
     route2 = {"allgather_bytes_per_rank": gather_bytes(released, n, b)}
-    full = {"rank0_extra_peak_bytes": b * p, "written_bytes": b * p}
+    largest_module = max(sum(g) for g in module_numels(name)) * b
+    largest_tensor = max(numels) * b
+    partitioned = {"per_rank_bytes": [write] * n, "total_bytes": write * n,
+                   "tag_check_bytes_per_rank": TAG_CHECK_BYTES, "regather_bytes_per_rank": regather,
+                   **with_ops({"all_reduce": TAG_CHECK_BYTES, "all_gather_into_tensor": regather})}
+    # zero_to_fp32 (offline, and the export through it) joins every rank's flat fp32 partitions, then cuts the
+    # state dict out of them: two fp32 copies of the model in one process
+    offline_memory = memory({"fp32 state dict": FP32 * p, "joined flat fp32 partitions": FP32 * n * s}, {})
     return Prediction(
         model=name, world_size=n, dtype=dtype, persistence_threshold=persistence_threshold, num_params=p,
         num_tensors=len(numels), slice_numel=s, padding_numel=padding(numels, n), persistent_tensors=len(kept),
         persistent_numel=sum(kept), held_numel=s + sum(kept), param_bytes=b * (s + sum(kept)), grad_bytes=b * s,
         master_bytes=FP32 * s, optimizer_bytes=ADAM_STATES * FP32 * s,
-        partitioned={"per_rank_bytes": [write] * n, "total_bytes": write * n,
-                     "tag_check_bytes_per_rank": TAG_CHECK_BYTES, "regather_bytes_per_rank": regather,
-                     **with_ops({"all_reduce": TAG_CHECK_BYTES, "all_gather_into_tensor": regather})},
-        gathered={**route1, **full, **with_ops({"all_gather_into_tensor": route1["allgather_bytes_per_rank"],
-                                                "broadcast": route1["broadcast_bytes_per_rank"]})},
-        per_param={**route2, **full, **with_ops({"all_gather_into_tensor": route2["allgather_bytes_per_rank"]})},
-        offline={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}),
-                 "rank0_extra_peak_bytes": FP32 * p},  # the fp32 state dict, built in memory before writing
-        hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), "rank0_extra_peak_bytes": FP32 * p},
+        partitioned={**partitioned, **memory({}, {})},
+        gathered={**route1, "written_bytes": b * p,
+                  **with_ops({"all_gather_into_tensor": route1["allgather_bytes_per_rank"],
+                              "broadcast": route1["broadcast_bytes_per_rank"]}),
+                  **memory({"full model on rank 0 (param dtype)": b * p,
+                            "two buffers of the largest module, gathered": 2 * largest_module},
+                           {"two buffers of the largest module, gathered": 2 * largest_module})},
+        per_param={**route2, "written_bytes": b * p,
+                   **with_ops({"all_gather_into_tensor": route2["allgather_bytes_per_rank"]}),
+                   **memory({"full model on rank 0 (param dtype)": b * p,
+                             "the largest tensor, gathered": largest_tensor},
+                            {"two buffers of the largest tensor, gathered": 2 * largest_tensor})},
+        offline={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **offline_memory},
+        hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **offline_memory},
     )
 
 
@@ -164,11 +184,11 @@ MODE_KEYS = {"partitioned": "partitioned", "gathered16": "gathered", "per_param"
 def predicted_for(pred: Prediction, mode: str, rank: int) -> dict[str, int]:
     """One rank's predicted bytes written, collective bytes and extra peak for save `mode`."""
     part = getattr(pred, MODE_KEYS[mode])
+    extra = part["rank0_extra_peak_bytes"] if rank == 0 else part["other_extra_peak_bytes"]
     if mode == "partitioned":
-        written, extra = part["per_rank_bytes"][rank], 0
+        written = part["per_rank_bytes"][rank]
     else:  # one process writes the full model: rank 0 (offline and hf run as rank 0 alone)
         written = part["written_bytes"] if rank == 0 else 0
-        extra = part.get("rank0_extra_peak_bytes", 0) if rank == 0 else 0
     return {"predicted_bytes": written, "predicted_comm_bytes": part["comm_bytes_per_rank"],
             "predicted_comm_ops": part["ops"], "predicted_extra_peak_bytes": extra}
 
