@@ -338,3 +338,24 @@ def offline_line(r0: dict[str, Any]) -> str:
     """Measured figures of routes 3 and 4: no communication, every shard read."""
     return (f"collectives {r0['comm_bytes']} B; read {mib(r0['bytes_read'])} of shards; wrote "
             f"{mib(r0['bytes_written'])}; RSS peak +{mib(r0['extra_peak_bytes'])}, heap peak {heap_mib(r0)}")
+
+
+def summary_latency(output_dir: str | Path) -> dict[str, dict[str, float]]:
+    """Rank 0's `deepspeed.comm.log_summary` table from DIR/launch.log: op -> {'count', 'total_ms'}."""
+    import re
+
+    ops: dict[str, dict[str, float]] = {}
+    op, in_table = None, False
+    for line in (Path(output_dir) / "launch.log").read_text().splitlines():
+        if not line.startswith("[rank 0] "):
+            continue
+        text = line[len("[rank 0] "):]
+        in_table = in_table or text.startswith("Comm. Op")
+        m = re.match(r"\s+[\d.]+ [KMG]?B\s+(\d+)\s+([\d.]+)", text)
+        if in_table and re.match(r"[a-z_]+$", text.strip()):
+            op = text.strip()
+        elif in_table and op and m:
+            entry = ops.setdefault(op, {"count": 0, "total_ms": 0.0})
+            entry["count"] += int(m.group(1))
+            entry["total_ms"] += float(m.group(2))
+    return ops

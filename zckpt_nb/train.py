@@ -265,6 +265,7 @@ def train(argv: list[str] | None = None) -> None:
             elif rank == 0:
                 print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
 
+    placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers
     save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
                                          per_param=args.save_gathered, rank=rank, device=device)
     if args.save_reference:
@@ -278,7 +279,7 @@ def train(argv: list[str] | None = None) -> None:
         "save_seconds": save_seconds,
         "saves": saves,
         "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
-        "held": held, "state_dict": state_dict_placeholders(engine.module),
+        "held": held, "state_dict": placeholders,
         "save_costs": save_costs,
     })
     costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs
