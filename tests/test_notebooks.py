@@ -1,21 +1,70 @@
-"""Every notebook runs top to bottom with its defaults (executed copies go to a temporary build dir)."""
+"""Every notebook runs top to bottom with its defaults and under a learner's parameters (other N, other settings).
+
+A verdict printed by a notebook must be the one its own data gives: the tests recompute it from the run's files.
+"""
+
+from __future__ import annotations
 
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from zckpt_nb import claims, compare
+from zckpt_nb.launch import RunResult
 from zckpt_nb.notebooks import execute, notebook_paths
 
 NOTEBOOKS = notebook_paths(Path(__file__).resolve().parents[1] / "notebooks")
+BY_PREFIX = {p.name[:2]: p for p in NOTEBOOKS}
+# A learner's parameters: odd and single world sizes, DeepSpeed's default persistence threshold, other presets' knobs.
+MATRIX = [
+    ("01", {"WORLD_SIZES": [1], "PERSISTENCE_THRESHOLD": 100_000, "OTHER_THRESHOLD": 0}),
+    ("02", {"NPROC": 3, "STEPS": 40, "SAVE_EVERY": 20, "RESUME_STEP": 20}),
+    ("03", {"NPROC": 3, "MODEL": "tiny", "PERSISTENCE_THRESHOLD": 100_000}),
+    ("04", {"NPROC": 1, "STEPS": 60}),
+    ("05", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
+    ("06", {"NPROC": 1}),
+]
+
+
+def run_notebook(path: Path, tmp_path: Path, parameters: dict) -> nbformat.NotebookNode:
+    """Execute with OUTPUT_ROOT in tmp_path; fail on any error output; return the executed notebook."""
+    out = execute(path, tmp_path, parameters={"OUTPUT_ROOT": str(tmp_path / "runs"), **parameters})
+    nb = nbformat.read(out, as_version=4)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
+    assert out.with_suffix(".html").stat().st_size > 10_000
+    images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert images >= 2, "every notebook shows its measurements as plots"
+    return nb
+
+
+def markdown_outputs(nb: nbformat.NotebookNode) -> str:
+    """Every Markdown a code cell displayed (where computed sentences go)."""
+    return "\n".join(o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                     if "text/markdown" in o.get("data", {}))
+
+
+def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
+    """The notebook's verdict sentences equal the ones its own measurements give."""
+    text = markdown_outputs(nb)
+    if prefix == "01":
+        rows = [claims.partition_row(RunResult.from_dir(d, [], 0.0)) for d in sorted(runs.glob("n*"))]
+        assert claims.scaling_sentence(rows) in text
+    if prefix == "05":
+        sizes, threshold = parameters.get("WORLD_SIZES", [1, 2]), parameters.get("PERSISTENCE_THRESHOLD", 0)
+        modes = parameters.get("MODES", list(compare.MODES))
+        records = compare.select(compare.load_records(runs), "tiny", sizes, modes, threshold)
+        assert claims.agreement_verdict(compare.agreement(records)) in text
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, tmp_path):
-    out = execute(path, tmp_path, parameters={"OUTPUT_ROOT": str(tmp_path / "runs")})
-    nb = nbformat.read(out, as_version=4)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
-    assert out.with_suffix(".html").stat().st_size > 10_000
-    images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert images >= 2, "every notebook shows its measurements as plots"
+    nb = run_notebook(path, tmp_path, {})
+    check_verdicts(path.name[:2], nb, tmp_path / "runs", {})
+
+
+@pytest.mark.parametrize("prefix, parameters", MATRIX, ids=[f"{p}-{'-'.join(map(str, v))}" for p, v in MATRIX])
+def test_notebook_runs_under_a_learners_parameters(prefix, parameters, tmp_path):
+    nb = run_notebook(BY_PREFIX[prefix], tmp_path, parameters)
+    check_verdicts(prefix, nb, tmp_path / "runs", parameters)

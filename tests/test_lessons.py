@@ -1,0 +1,141 @@
+"""What the notebooks teach, as checks: every verdict follows the data, every failure they name really happens.
+
+Real 2-rank ZeRO-3 runs on CPU; the claims are fed data that must flip them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zckpt_nb import claims, compare, faults, verify
+from zckpt_nb.cli import build_parser, worker_flags
+from zckpt_nb.costs import exact_ratio, persistent, predict
+from zckpt_nb.launch import LaunchError, UsageError, launch, rank_lines
+from zckpt_nb.model import deepspeed_persistence_default, ln_vocab
+from zckpt_nb.notebooks import check_parameters, parameter_names
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def row(n: int, held: int, p: int = 1000, persistent_numel: int = 0, threshold: int = 0) -> dict:
+    return {"N": n, "threshold": threshold, "P": p, "held per rank": held, "persistent per rank": persistent_numel,
+            "written per rank": 12 * held, "save collective bytes per rank": 40,
+            "save collective ops": "2 x all_reduce"}
+
+
+def test_scaling_verdict_follows_the_measured_shares():
+    assert claims.scaling_sentence([row(1, 1000), row(2, 500)]).startswith("Each rank's share fell as 1/N")
+    assert "did not fall as 1/N" in claims.scaling_sentence([row(1, 1000), row(2, 1000, persistent_numel=1000)])
+    assert claims.scaling_sentence([row(3, 334)]).startswith("Only N = 3 was measured")
+
+
+def test_whole_model_verdict_names_the_runs_that_held_everything():
+    assert claims.whole_model_sentence([row(2, 500), row(4, 250)]).startswith("No rank held the whole model")
+    text = claims.whole_model_sentence([row(1, 1000), row(2, 1500, persistent_numel=1000, threshold=10**5)])
+    assert "N = 1, threshold 0: the only rank owns every slice" in text and "N = 2, threshold 100,000" in text
+
+
+def test_agreement_verdict_follows_the_agreement_table():
+    good = {"mode": "partitioned", "N": 2, "worst payload error (%)": 0.0, "collective bytes: predicted = logged": True}
+    bad = dict(good, mode="gathered16", N=1, **{"collective bytes: predicted = logged": False})
+    assert claims.agreement_verdict([good]).startswith("The predicted collective bytes equal")
+    assert "differ from the logged ones for 1 of 2 (mode, N) pairs (gathered16 at N = 1)" in \
+        claims.agreement_verdict([good, bad])
+
+
+def test_op_differences_list_the_ops_that_differ_with_both_figures():
+    r = {"predicted_comm_ops": {"all_gather_into_tensor": 100, "broadcast": 50},
+         "logged_comm_op_bytes": {"all_gather_into_tensor": 60, "broadcast": 50}, "logged_comm_ops": {
+             "all_gather_into_tensor": 3, "broadcast": 2}}
+    assert compare.op_differences(r) == ["all_gather_into_tensor: logged 60 B in 3 ops, predicted 100 B"]
+
+
+def test_exact_ratio_and_persistent_tensors():
+    assert exact_ratio(242_880, 3) == "80,960" and exact_ratio(10, 3) == "3 1/3"
+    assert persistent((5, 100, 100_001), 100_000) == (5, 100) and persistent((5,), 0) == ()
+    assert deepspeed_persistence_default() == 100_000
+    one, two = predict("tiny", 1, persistence_threshold=10**5), predict("tiny", 2, persistence_threshold=10**5)
+    assert one.partitioned["regather_bytes_per_rank"] == 0  # one rank has nothing to gather
+    assert two.held_numel == two.slice_numel + two.num_params  # every tensor of tiny is persistent
+    assert predict("tiny", 3).padding_numel > 0  # what notebook 01 shows at N = 3
+
+
+def test_notebook_parameters_are_checked_against_the_parameters_cell():
+    path = NOTEBOOKS / "01_what_zero3_partitions.ipynb"
+    assert {"WORLD_SIZES", "PERSISTENCE_THRESHOLD", "OUTPUT_ROOT"} <= set(parameter_names(path))
+    check_parameters(path, {"WORLD_SIZES": [3]})
+    with pytest.raises(UsageError, match="takes no parameter NPROC; it takes WORLD_SIZES"):
+        check_parameters(path, {"NPROC": 3})
+
+
+def test_notebooks_cli_refuses_an_unknown_parameter_before_running_anything(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "notebooks", "--only", "01", "--build", str(tmp_path),
+                           "-p", "NPROC", "3"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "takes no parameter NPROC" in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_train_cli_forwards_every_worker_flag_it_was_given():
+    args = build_parser().parse_args(["train", "--output_dir", "x", "--gather_16bit", "off", "--save_16bit",
+                                      "--init", "bare_zero_init", "--persistence_threshold", "7"])
+    flags = worker_flags(args)
+    assert flags[flags.index("--gather_16bit") + 1] == "off" and "--save_16bit" in flags
+    assert flags[flags.index("--init") + 1] == "bare_zero_init"
+    assert "--persistence_threshold" not in flags  # launch() passes it itself
+
+
+@pytest.fixture(scope="module")
+def persistent_run(tmp_path_factory):
+    """DeepSpeed's default threshold: every tensor of tiny stays whole on both ranks."""
+    return launch(2, 3, tmp_path_factory.mktemp("persist"), save_checkpoint=True, verbose=False, progress=False,
+                  persistence_threshold=deepspeed_persistence_default())
+
+
+def test_persistence_threshold_changes_what_ranks_hold_and_what_a_save_gathers(persistent_run, full_run):
+    pred = predict("tiny", 2, persistence_threshold=deepspeed_persistence_default())
+    for r in persistent_run.ranks:
+        assert r["held"]["owned"] + r["held"]["persistent"] == pred.held_numel > persistent_run.num_params
+        assert r["state_dict"]["empty"] == 0  # whole tensors, not placeholders
+    for r in full_run.ranks:
+        assert r["held"] == {"owned": predict("tiny", 2).slice_numel, "persistent_tensors": 0, "persistent": 0}
+        assert r["state_dict"]["empty"] == r["state_dict"]["tensors"]  # ZeRO-3 placeholders
+    for c in persistent_run.data["save_costs"]:
+        assert c["comm_bytes"] == pred.partitioned["comm_bytes_per_rank"]  # tag check + every tensor re-gathered
+        assert c["comm_ops"]["all_gather_into_tensor"]["count"] == pred.persistent_tensors
+    held = [line for line in persistent_run.log if "persistent tensors kept whole" in line]
+    assert len(held) == 2 and f"holds {pred.held_numel:,} parameter elements" in held[0]
+
+
+def test_bare_zero_init_starts_far_from_ln_vocab(tmp_path):
+    run = launch(2, 2, tmp_path, verbose=False, progress=False, extra=["--init", "bare_zero_init"])
+    assert run.losses[0] > 2 * ln_vocab("tiny")  # the trap: weights never initialised
+
+
+def test_save_16bit_with_the_gather_flag_off_writes_nothing_and_says_so(tmp_path):
+    run = launch(2, 2, tmp_path, verbose=False, progress=False, extra=["--save_16bit", "--gather_16bit", "off"])
+    lines = [line for found in rank_lines(tmp_path, last=100).values() for line in found]
+    assert sum("save_16bit_model returned False and wrote nothing" in line for line in lines) == 2
+    assert not list((tmp_path / "gathered16").glob("*"))
+    assert {c["bytes_written"] for c in run.data["save_costs"] if c["mode"] == "gathered16"} == {0}
+
+
+def test_seed_snippet_makes_no_rank_claim_a_failed_save(tmp_path):
+    with pytest.raises(LaunchError):
+        launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False,
+               extra=["--save_mode", "rank0_only", "--collective_timeout", "10"])
+    lines = rank_lines(tmp_path, last=50)
+    assert not any("failed" in line and "save" in line for line in lines["rank 1"])  # it skipped the block
+    assert any("was called on rank 0 only" in line for line in lines["rank 0"])
+
+
+def test_deepspeeds_plain_save_moves_latest_before_every_shard_exists(tmp_path):
+    with faults.injected("shards:1:4:2"), pytest.raises(LaunchError):
+        launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False, extra=["--save_mode", "plain"])
+    tag = verify.latest_name(tmp_path)
+    assert tag == "global_step4"
+    found = {m.group(1, 2) for p in (tmp_path / tag).iterdir() if (m := verify.RANK_FILE.search(p.name))}
+    assert ("1", "model") in found and ("1", "optim") not in found  # latest names a checkpoint missing a shard
