@@ -26,13 +26,14 @@ def main() -> None:
     args = parser.parse_args()
     records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, reuse=not args.fresh,
                               persistence_threshold=args.persistence_threshold)
-    print(f"{'mode':<12}{'N':>3}{'rank':>5}{'pred B':>13}{'meas B':>13}{'ratio':>8}{'file B':>13}{'file/pred':>10}"
+    print(f"{'mode':<12}{'N':>3}{'rank':>5}{'pred B':>13}{'meas B':>13}{'ratio':>8}{'rank file B':>13}{'file/pred':>10}"
           f"{'pred comm':>12}{'logged':>12}{'pred MiB':>9}{'meas MiB':>9}{'s':>8}")
     for r in records:
         ratio = r["measured_payload_bytes"] / r["predicted_bytes"] if r["predicted_bytes"] else float("nan")
-        files = r["measured_bytes"] / r["predicted_bytes"] if r["predicted_bytes"] else float("nan")
+        files = (r["measured_rank_file_bytes"] / r["predicted_rank_file_bytes"] if r["predicted_rank_file_bytes"]
+                 else float("nan"))  # a partitioned save's two files per rank, header included
         print(f"{r['mode']:<12}{r['world_size']:>3}{r['rank']:>5}{r['predicted_bytes']:>13,}"
-              f"{r['measured_payload_bytes']:>13,}{ratio:>8.4f}{r['measured_bytes']:>13,}{files:>10.4f}"
+              f"{r['measured_payload_bytes']:>13,}{ratio:>8.4f}{r['measured_rank_file_bytes'] or 0:>13,}{files:>10.4f}"
               f"{r['predicted_comm_bytes']:>12,}{r['logged_comm_bytes'] or 0:>12,}"
               f"{r['predicted_extra_peak_bytes'] / 2**20:>9.2f}{r['measured_extra_peak_bytes'] / 2**20:>9.2f}"
               f"{r['seconds']:>8.3f}")

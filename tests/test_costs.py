@@ -10,6 +10,7 @@ from zckpt_nb.costs import fixed_tensor_bytes, padding, predict, slice_numel, te
 from zckpt_nb.inspect import inspect_checkpoint
 from zckpt_nb.launch import launch
 from zckpt_nb.model import param_count
+from zckpt_nb.shards import file_bytes
 
 
 def test_each_tensor_is_padded_to_a_multiple_of_n():
@@ -47,7 +48,9 @@ def test_predicted_partitioned_bytes_match_the_shards_within_1_percent(which, re
     for shard, expected in zip(info.ranks, pred.partitioned["per_rank_bytes"]):
         assert shard.partition_numel == pred.slice_numel
         assert abs(shard.payload_bytes - expected) <= 0.01 * expected
-        assert shard.bytes > shard.payload_bytes  # the rest is the pickle header the notebook explains
+        assert shard.bytes > shard.payload_bytes  # the rest is the header, predicted below
+        files = file_bytes("tiny", info.world_size, steps=run.steps[-1] + 1)
+        assert abs(files - shard.bytes) <= 0.01 * shard.bytes  # payload + header: the files on disk within 1%
 
 
 def test_costs_cli_json_has_per_rank_bytes():

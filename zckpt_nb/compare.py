@@ -16,6 +16,7 @@ from typing import Any
 
 from zckpt_nb.costs import predict, predicted_for
 from zckpt_nb.measure import MODES
+from zckpt_nb.shards import file_bytes
 
 IN_TRAINING_FLAGS = {"gathered16": "--save_16bit", "per_param": "--save_gathered"}
 RESULTS = "compare.json"
@@ -45,21 +46,31 @@ def _slice_bytes(sl: Any) -> int:
     return math.prod(sl.get_shape()) * sizes[sl.get_dtype()]
 
 
-def measured_payload(cost: dict[str, Any], shard_payloads: dict[int, int]) -> int:
+def measured_payload(cost: dict[str, Any], shards: dict[int, Any]) -> int:
     """Tensor bytes this save wrote on this rank: shard payload (partitioned) or the weight files' tensors."""
     if cost["mode"] == "partitioned":
-        return shard_payloads[cost["rank"]]
+        return shards[cost["rank"]].payload_bytes
     weights = [Path(f) for f in cost["files"] if Path(f).suffix in (".bin", ".safetensors")]
     return sum(weights_payload(p) for p in weights)
 
 
-def record(run: dict[str, Any], cost: dict[str, Any], shard_payloads: dict[int, int]) -> dict[str, Any]:
+def rank_files(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) -> dict[str, int | None]:
+    """A partitioned save's own two files on this rank: predicted (payload + header) and on disk; None otherwise."""
+    if cost["mode"] != "partitioned":
+        return {"predicted_rank_file_bytes": None, "measured_rank_file_bytes": None}
+    predicted = file_bytes(run["model"], run["world_size"], steps=run["steps"][-1] + 1, seed=run["seed"],
+                           persistence_threshold=run["persistence_threshold"])
+    return {"predicted_rank_file_bytes": predicted, "measured_rank_file_bytes": shards[cost["rank"]].bytes}
+
+
+def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) -> dict[str, Any]:
     """One comparison row: predicted and measured figures for one (mode, world size, rank) of a run."""
     model, n, threshold = run["model"], run["world_size"], run["persistence_threshold"]
     return {"model": model, "mode": cost["mode"], "world_size": n, "rank": cost["rank"],
             "persistence_threshold": threshold, "dtype": run["dtype"],
             **predicted_for(predict(model, n, run["dtype"], threshold), cost["mode"], cost["rank"]),
-            "measured_bytes": cost["bytes_written"], "measured_payload_bytes": measured_payload(cost, shard_payloads),
+            **rank_files(run, cost, shards),
+            "measured_bytes": cost["bytes_written"], "measured_payload_bytes": measured_payload(cost, shards),
             "peak_memory_bytes": cost["peak_memory_bytes"], "extra_peak_bytes": cost["extra_peak_bytes"],
             # live heap above the start on CPU (RSS hides reused pages), allocator peak on GPU
             "measured_extra_peak_bytes": cost.get("heap_extra_peak_bytes") or cost["extra_peak_bytes"],
@@ -86,17 +97,17 @@ def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, s
         costs.append(measure_offline(run.output_dir, run.output_dir / "offline").to_dict())
     if "hf" in modes:
         costs.append(measure_export(run.output_dir, run.output_dir / "hf").to_dict())
-    payloads = {s.rank: s.payload_bytes for s in inspect_checkpoint(run.output_dir).ranks}
-    return [record(run.data, c, payloads) for c in costs]
+    shards = {s.rank: s for s in inspect_checkpoint(run.output_dir).ranks}
+    return [record(run.data, c, shards) for c in costs]
 
 
 def load_records(out_dir: Path) -> list[dict[str, Any]]:
     """Records measured earlier into `out_dir/compare.json` (none when it does not exist).
 
-    Records of an older format (without dtype and per-op predictions) are dropped: they are measured again.
+    Records of an older format (without per-op and file predictions) are dropped: they are measured again.
     """
     path = Path(out_dir) / RESULTS
-    return [r for r in json.loads(path.read_text()) if "dtype" in r] if path.is_file() else []
+    return [r for r in json.loads(path.read_text()) if "predicted_rank_file_bytes" in r] if path.is_file() else []
 
 
 def missing(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str],
@@ -222,8 +233,13 @@ def explain_differences(records: list[dict[str, Any]]) -> list[str]:
         where = f"{r['mode']} N={r['world_size']} rank {r['rank']}"
         if r["logged_comm_bytes"] is not None and r["logged_comm_bytes"] != r["predicted_comm_bytes"]:
             lines.append(f"{where}: collective bytes differ by op: " + "; ".join(op_differences(r)))
+        predicted, files = r.get("predicted_rank_file_bytes"), r.get("measured_rank_file_bytes")
+        if predicted and abs(files - predicted) > 0.01 * files:
+            lines.append(f"{where}: its two files hold {files:,} bytes against {predicted:,} predicted "
+                         f"({predicted / files - 1:+.2%})")
         extra = r["measured_bytes"] - r["measured_payload_bytes"]
-        if r["measured_payload_bytes"] and extra > 0.01 * r["measured_payload_bytes"]:
+        if not predicted and r["measured_payload_bytes"] and extra > 0.01 * r["measured_payload_bytes"]:
             lines.append(f"{where}: the files hold {extra:,} bytes beyond the tensors' {r['measured_payload_bytes']:,} "
-                         f"({extra / r['measured_payload_bytes']:.1%}); the model predicts tensor payload only")
+                         f"({extra / r['measured_payload_bytes']:.1%}); for this mode the model predicts the tensor "
+                         "payload only")
     return lines
