@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, measure, verify
+from zckpt_nb import checkpoint, commit, consolidate, measure, rotation, verify
 from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset, param_count
 
 
@@ -215,7 +215,7 @@ def train(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, save_seconds, saves, failed, save_costs = [], [], 0.0, [], [], []
+    steps, losses, save_seconds, saves, failed, save_costs, rotation_errors = [], [], 0.0, [], [], [], []
     engine.train()
     for step in range(start_step, args.steps):
         batch = data.batch_for_step(tokens, step=step, rank=rank, seed=args.seed,
@@ -239,6 +239,8 @@ def train(argv: list[str] | None = None) -> None:
                 report_failed_save(outcome, args)
             elif rank == 0:
                 print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
+            if outcome.rotation_error:
+                rotation_errors.append(rotation.report(outcome))
 
     save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
                                          per_param=args.save_gathered, rank=rank, device=device)
@@ -262,12 +264,12 @@ def train(argv: list[str] | None = None) -> None:
             "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": num_params,
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
-            "save_mode": args.save_mode, "failed_saves": failed,
+            "save_mode": args.save_mode, "failed_saves": failed, "rotation_errors": rotation_errors,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
             "save_costs": costs, "ranks": records,
         }
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "run.json").write_text(json.dumps(run, indent=1))
+        commit.atomic_write(Path(args.output_dir) / "run.json", json.dumps(run, indent=1))  # never half a file
     dist.barrier()
     dist.destroy_process_group()
 
