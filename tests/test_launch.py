@@ -7,9 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import procs_mentioning
 
+from zckpt_nb import verify
 from zckpt_nb.launch import LaunchTimeout, launch
 
 CLI = [sys.executable, "-m", "zckpt_nb", "train"]
@@ -91,3 +93,42 @@ def test_interrupting_the_caller_leaves_no_orphan_rank(tmp_path):
     assert procs_mentioning(str(out)) == []
     assert proc.returncode != 0
     assert Path(out, "launch.log").is_file() and os.path.getsize(Path(out, "launch.log")) > 0
+
+
+def kill_torchrun(cli: subprocess.Popen) -> None:
+    """SIGKILL the torchrun below the CLI (as an OOM killer would pick it)."""
+    [torchrun] = [p for p in psutil.Process(cli.pid).children() if "torch.distributed.run" in " ".join(p.cmdline())]
+    torchrun.kill()
+
+
+@pytest.mark.parametrize("kill, exit_code, says", [
+    (lambda cli: cli.send_signal(signal.SIGTERM), 128 + signal.SIGTERM, "interrupted by SIGTERM"),
+    (lambda cli: cli.send_signal(signal.SIGHUP), 128 + signal.SIGHUP, "interrupted by SIGHUP"),
+    (lambda cli: cli.kill(), -signal.SIGKILL, ""),
+    (kill_torchrun, 1, "failed (exit code -9)"),
+], ids=["sigterm-cli", "sighup-cli", "kill-9-cli", "kill-9-torchrun"])
+def test_no_rank_outlives_its_launcher_however_it_is_killed(tmp_path, kill, exit_code, says):
+    out = tmp_path / "killed"
+    cli = subprocess.Popen([*CLI, "--nproc", "2", "--steps", "1000000", "--save_every", "3", "--keep_last", "2",
+                            "--timeout", "300", "--output_dir", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in cli.stdout:  # wait until a checkpoint is committed and training goes on
+            if "saved checkpoint global_step3 " in line:
+                break
+        kill(cli)
+        text, _ = cli.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while procs_mentioning(str(out)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = [" ".join(p.cmdline()) for p in procs_mentioning(str(out))]
+    finally:
+        for p in procs_mentioning(str(out)):  # never leave this test's processes to the next test
+            p.kill()
+        cli.kill()
+        cli.wait()
+    assert left == [], "processes of the job outlived it by 10 s"
+    assert cli.returncode == exit_code and says in text
+    assert len(verify.incomplete_tags(out)) <= 1
+    for tag in verify.committed_tags(out):
+        verify.verify_tag(out, tag)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb import lifeline
 from zckpt_nb.model import get_preset
 from zckpt_nb.verify import committed_tags
 
@@ -120,8 +121,8 @@ def check_train_args(nproc: int, steps: int, output_dir: Path, *, resume: bool, 
 
 
 def worker_env(nproc: int) -> dict[str, str]:
-    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo); who launched them (lifeline)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **lifeline.launcher_env())
     if not gpu_count():
         env["DS_ACCELERATOR"] = "cpu"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))

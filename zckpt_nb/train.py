@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, measure, rotation, verify
+from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, rotation, verify
 from zckpt_nb.model import PRESETS, build_model, count_params, ds_config, get_preset, param_count
 
 
@@ -149,6 +149,7 @@ def report_failed_save(outcome: Any, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the worker; a checkpoint that cannot be used or a lost collective ends it with one line, exit 1."""
+    lifeline.arm()  # no rank outlives torchrun or the launching process, however they were killed
     try:
         train(argv)
         # Everything is written and the process group is destroyed. Skip interpreter finalization: once in a
