@@ -176,6 +176,20 @@ def flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def lead_out(ckpt: Path, how: str) -> None:
+    """Rank 1's optimizer file moves out of its tag folder, byte for byte; the manifest or a symlink follows it."""
+    inside, outside = shard(ckpt, 1), ckpt / "outside.pt"
+    shutil.move(inside, outside)
+    if how == "symlink":
+        inside.symlink_to(outside)
+        return
+    manifest = json.loads((inside.parent / MANIFEST).read_text())
+    for entry in manifest["files"]:
+        if entry["path"] == inside.name:
+            entry["path"] = "../outside.pt" if how == "dotdot" else str(outside)
+    (inside.parent / MANIFEST).write_text(json.dumps(manifest))
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda c: truncate(shard(c, 1)), "truncated"),
     (lambda c: flip_byte(shard(c, 0)), "does not match its SHA-256"),
@@ -183,7 +197,12 @@ def flip_byte(path: Path) -> None:
     (lambda c: shutil.copy(shard(c, 1), c / "global_step12" / "zero_pp_rank_2_mp_rank_00_optim_states.pt"),
      "belongs to rank 2"),
     (lambda c: (c / "global_step12" / MANIFEST).unlink(), "never committed"),
-], ids=["truncated", "flipped-byte", "missing-rank-file", "extra-rank-file", "no-manifest"])
+    (lambda c: lead_out(c, "dotdot"), "'../outside.pt', which is not a file of"),
+    (lambda c: lead_out(c, "absolute"), "outside.pt', which is not a file of"),
+    (lambda c: lead_out(c, "symlink"), "a symlink leading out"),
+    (lambda c: (c / "latest").write_text("../global_step12"), "is not a folder name inside"),
+], ids=["truncated", "flipped-byte", "missing-rank-file", "extra-rank-file", "no-manifest", "dotdot-path",
+        "absolute-path", "symlink-out", "latest-leading-out"])
 def test_verify_names_the_bad_file(copy, damage, message):
     damage(copy)
     done = verify_cli(copy)
@@ -198,6 +217,15 @@ def test_resume_verifies_first_and_changes_nothing(copy):
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt does not match its SHA-256" in text
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file() and p.name != "launch.log"} == \
         {p: b for p, b in before.items() if p.name != "launch.log"}
+
+
+def test_resume_and_export_refuse_a_manifest_entry_leading_out(copy, tmp_path):
+    lead_out(copy, "symlink")  # the rank files all look present: only the manifest check can refuse
+    assert "a symlink leading out" in failed_launch(copy, resume=True)
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(copy), str(tmp_path / "hf")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "a symlink leading out" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("kw, message", [
