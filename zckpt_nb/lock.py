@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import socket
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,8 @@ def take(output_dir: Path) -> dict[str, Any]:
     path, mine = output_dir / LOCK, me()
     fd = os.open(output_dir, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # jobs on this host take over a stale lock one at a time, never two at once
+        with suppress(OSError):  # some network filesystems refuse flock; `place` alone still admits one job
+            fcntl.flock(fd, fcntl.LOCK_EX)  # jobs on this host take over a stale lock one at a time, never two at once
         owner = owner_of(path)
         if owner and stale(owner):
             print(f"{output_dir}: taking over the stale lock of pid {owner['pid']} on {owner['host']} "
