@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zckpt_nb import checkpoint, commit, faults, verify
+from zckpt_nb import checkpoint, commit, faults, rotation, verify
 from zckpt_nb.launch import LaunchError, LaunchTimeout, launch
 from zckpt_nb.verify import MANIFEST
 
@@ -176,6 +176,20 @@ def flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def lead_out(ckpt: Path, how: str) -> None:
+    """Rank 1's optimizer file moves out of its tag folder, byte for byte; the manifest or a symlink follows it."""
+    inside, outside = shard(ckpt, 1), ckpt / "outside.pt"
+    shutil.move(inside, outside)
+    if how == "symlink":
+        inside.symlink_to(outside)
+        return
+    manifest = json.loads((inside.parent / MANIFEST).read_text())
+    for entry in manifest["files"]:
+        if entry["path"] == inside.name:
+            entry["path"] = "../outside.pt" if how == "dotdot" else str(outside)
+    (inside.parent / MANIFEST).write_text(json.dumps(manifest))
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda c: truncate(shard(c, 1)), "truncated"),
     (lambda c: flip_byte(shard(c, 0)), "does not match its SHA-256"),
@@ -183,7 +197,12 @@ def flip_byte(path: Path) -> None:
     (lambda c: shutil.copy(shard(c, 1), c / "global_step12" / "zero_pp_rank_2_mp_rank_00_optim_states.pt"),
      "belongs to rank 2"),
     (lambda c: (c / "global_step12" / MANIFEST).unlink(), "never committed"),
-], ids=["truncated", "flipped-byte", "missing-rank-file", "extra-rank-file", "no-manifest"])
+    (lambda c: lead_out(c, "dotdot"), "'../outside.pt', which is not a file of"),
+    (lambda c: lead_out(c, "absolute"), "outside.pt', which is not a file of"),
+    (lambda c: lead_out(c, "symlink"), "a symlink leading out"),
+    (lambda c: (c / "latest").write_text("../global_step12"), "is not a folder name inside"),
+], ids=["truncated", "flipped-byte", "missing-rank-file", "extra-rank-file", "no-manifest", "dotdot-path",
+        "absolute-path", "symlink-out", "latest-leading-out"])
 def test_verify_names_the_bad_file(copy, damage, message):
     damage(copy)
     done = verify_cli(copy)
@@ -198,6 +217,15 @@ def test_resume_verifies_first_and_changes_nothing(copy):
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt does not match its SHA-256" in text
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file() and p.name != "launch.log"} == \
         {p: b for p, b in before.items() if p.name != "launch.log"}
+
+
+def test_resume_and_export_refuse_a_manifest_entry_leading_out(copy, tmp_path):
+    lead_out(copy, "symlink")  # the rank files all look present: only the manifest check can refuse
+    assert "a symlink leading out" in failed_launch(copy, resume=True)
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(copy), str(tmp_path / "hf")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "a symlink leading out" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -221,10 +249,52 @@ def fake_tag(root: Path, tag: str, committed: bool) -> None:
 def test_rotation_keeps_the_newest_committed_and_never_the_only_one(tmp_path):
     for tag, ok in [("global_step4", True), ("global_step6", False), ("global_step8", True), ("global_step12", False)]:
         fake_tag(tmp_path, tag, ok)
-    assert commit.rotate(tmp_path, keep_last=1) == ["global_step4", "global_step6"]
+    assert rotation.rotate(tmp_path, keep_last=1) == (["global_step4", "global_step6"], None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step12", "global_step8"]  # newer incomplete kept
-    assert commit.rotate(tmp_path, keep_last=1) == [], "the only committed checkpoint is never deleted"
-    assert commit.rotate(tmp_path, keep_last=0) == []
+    assert rotation.rotate(tmp_path, keep_last=1) == ([], None), "the only committed checkpoint is never deleted"
+    assert rotation.rotate(tmp_path, keep_last=0) == ([], None)
+
+
+@contextmanager
+def immutable(path: Path):
+    """`chattr +i`: not even root may delete or rename `path` (chmod does not stop root); always undone."""
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i is not supported here: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("stuck, left", [
+    (MANIFEST, "is left whole"),
+    ("zero_pp_rank_0_mp_rank_00_model_states.pt", "lost its manifest first, so it is incomplete"),
+], ids=["manifest", "rank-file"])
+def test_a_rotation_that_cannot_delete_says_what_it_left(tmp_path, stuck, left):
+    for tag in ("global_step4", "global_step8"):
+        fake_tag(tmp_path, tag, committed=True)
+    with immutable(tmp_path / "global_step4" / stuck):
+        deleted, error = rotation.rotate(tmp_path, keep_last=1)
+        assert deleted == [] and "EPERM" in error and "global_step4" in error and left in error
+        assert verify.committed_tags(tmp_path)[-1] == "global_step8"
+        assert ("global_step4" in verify.committed_tags(tmp_path)) == (stuck == MANIFEST)
+
+
+def test_failed_rotation_keeps_the_new_checkpoint_and_latest(copy):
+    stuck = shard(copy, 1)  # the old checkpoint cannot be deleted completely
+    with immutable(stuck):
+        result = run(copy, 16, resume=True, extra=["--keep_last", "1"])
+        assert result.steps == list(range(12, 16)), "training went on to the end"
+        assert verify.committed_tags(copy) == ["global_step16"] and verify.latest_name(copy) == "global_step16"
+        assert verify_cli(copy).returncode == 0, "the new checkpoint is whole and 'latest' names it"
+        assert stuck.is_file() and not (copy / "global_step12" / MANIFEST).exists(), "the old one is incomplete"
+        [error] = result.data["rotation_errors"]
+        assert (error["tag"], error["step"]) == ("global_step16", 16)
+        assert "EPERM" in error["error"] and str(stuck) in error["error"]
+        assert result.data["failed_saves"] == [] and result.ranks[0]["saves"][-1]["deleted"] == []
+        printed = [line for line in result.log if "rotation after global_step16 failed" in line]
+        assert len(printed) == 2 and all("'latest' names it" in line for line in printed)  # one line per rank
 
 
 def test_atomic_write_leaves_the_old_content_when_interrupted_before_the_rename(tmp_path):

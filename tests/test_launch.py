@@ -1,15 +1,20 @@
 """The launcher: bad input stops before any rank starts; timeouts and interrupts leave no rank behind."""
 
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import procs_mentioning
 
+from zckpt_nb import lock, verify
 from zckpt_nb.launch import LaunchTimeout, launch
 
 CLI = [sys.executable, "-m", "zckpt_nb", "train"]
@@ -91,3 +96,87 @@ def test_interrupting_the_caller_leaves_no_orphan_rank(tmp_path):
     assert procs_mentioning(str(out)) == []
     assert proc.returncode != 0
     assert Path(out, "launch.log").is_file() and os.path.getsize(Path(out, "launch.log")) > 0
+
+
+def kill_torchrun(cli: subprocess.Popen) -> None:
+    """SIGKILL the torchrun below the CLI (as an OOM killer would pick it)."""
+    [torchrun] = [p for p in psutil.Process(cli.pid).children() if "torch.distributed.run" in " ".join(p.cmdline())]
+    torchrun.kill()
+
+
+@pytest.mark.parametrize("kill, exit_code, says", [
+    (lambda cli: cli.send_signal(signal.SIGTERM), 128 + signal.SIGTERM, "interrupted by SIGTERM"),
+    (lambda cli: cli.send_signal(signal.SIGHUP), 128 + signal.SIGHUP, "interrupted by SIGHUP"),
+    (lambda cli: cli.kill(), -signal.SIGKILL, ""),
+    (kill_torchrun, 1, "failed (exit code -9)"),
+], ids=["sigterm-cli", "sighup-cli", "kill-9-cli", "kill-9-torchrun"])
+def test_no_rank_outlives_its_launcher_however_it_is_killed(tmp_path, kill, exit_code, says):
+    out = tmp_path / "killed"
+    cli = subprocess.Popen([*CLI, "--nproc", "2", "--steps", "1000000", "--save_every", "3", "--keep_last", "2",
+                            "--timeout", "300", "--output_dir", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in cli.stdout:  # wait until a checkpoint is committed and training goes on
+            if "saved checkpoint global_step3 " in line:
+                break
+        kill(cli)
+        text, _ = cli.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while procs_mentioning(str(out)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = [" ".join(p.cmdline()) for p in procs_mentioning(str(out))]
+    finally:
+        for p in procs_mentioning(str(out)):  # never leave this test's processes to the next test
+            p.kill()
+        cli.kill()
+        cli.wait()
+    assert left == [], "processes of the job outlived it by 10 s"
+    assert cli.returncode == exit_code and says in text
+    assert len(verify.incomplete_tags(out)) <= 1
+    for tag in verify.committed_tags(out):
+        verify.verify_tag(out, tag)
+
+
+def test_a_second_job_on_the_same_folder_is_refused_naming_the_first(tmp_path):
+    out = tmp_path / "busy"
+    first = subprocess.Popen([*CLI, "--nproc", "2", "--steps", "1000000", "--timeout", "300", "--output_dir", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in first.stdout:
+            if "[rank 0] step 1/" in line:
+                break
+        second = run_cli("--nproc", "2", "--steps", "2", "--output_dir", str(out))
+        assert second.returncode == 2
+        assert f"is in use by another job (host {socket.gethostname()}, pid {first.pid})" in \
+            second.stderr.strip().splitlines()[-1]
+        assert first.poll() is None, "the first job trains on"
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    finally:
+        first.kill()
+        first.wait()
+    assert not (out / lock.LOCK).exists(), "the lock is given back however the job ends"
+
+
+def test_a_stale_lock_is_taken_over_and_says_so(tmp_path, capsys):
+    out = tmp_path / "stale"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(dead.pid).create_time()
+    dead.wait()
+    (out / lock.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": started}))
+    run = launch(2, 2, out, verbose=False, progress=False, timeout=300)
+    assert run.steps == [0, 1]
+    assert f"taking over the stale lock of pid {dead.pid} on {socket.gethostname()}" in capsys.readouterr().out
+    assert not (out / lock.LOCK).exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (json.dumps({"host": "elsewhere", "pid": 1, "started": 0.0}), "in use by another job (host elsewhere, pid 1)"),
+    ("{not json", "is unreadable"),
+], ids=["other-host", "garbage"])
+def test_a_lock_this_host_cannot_judge_is_refused_and_kept(tmp_path, content, message):
+    (tmp_path / lock.LOCK).write_text(content)
+    with pytest.raises(lock.FolderInUse, match=re.escape(message)):
+        lock.take(tmp_path)
+    assert (tmp_path / lock.LOCK).read_text() == content

@@ -63,11 +63,12 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
     """Save a partitioned checkpoint from *every* rank through the commit protocol; returns its `SaveOutcome`.
 
     `.seconds` is this rank's time spent saving; `.committed` is False (on every rank) when any rank
-    failed, with `.error` saying which rank, what and where. See `zckpt_nb.commit`.
+    failed, with `.error` saying which rank, what and where. See `zckpt_nb.commit`. With `keep_last`, a
+    committed save is followed by rotation (`zckpt_nb.rotation`), whose failure only sets `.rotation_error`.
     """
     import torch.distributed as dist
 
-    from zckpt_nb import commit
+    from zckpt_nb import commit, rotation
 
     step = state[CLIENT_KEY]["step"]
     tag, prepare = f"global_step{step}", None
@@ -75,8 +76,10 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
         prepare = partial(commit.prepare_folder, output_dir, tag, partial(write_shared, engine, tokenizer),
                           SHARED_FILES)
     # ... but every rank saves its shard, and the checkpoint counts once every rank's shard is on disk
-    return commit.save(engine, output_dir, tag, state, step=step, identity=identity or {}, keep_last=keep_last,
-                       prepare=prepare)
+    outcome = commit.save(engine, output_dir, tag, state, step=step, identity=identity or {}, prepare=prepare)
+    if outcome.committed and keep_last:  # the same on every rank, so every rank joins rotation's broadcast
+        rotation.after_commit(output_dir, keep_last, outcome)
+    return outcome
 
 
 def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[str, Any]:

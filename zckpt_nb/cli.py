@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 from pathlib import Path
 
+from zckpt_nb import lifeline
 from zckpt_nb.launch import LaunchError, UsageError
 
 # worker flags that `launch()` sets itself from its own arguments
@@ -209,13 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        with lifeline.signals_interrupt():  # SIGTERM, SIGHUP: stop every rank as Ctrl-C does, not die alone
+            return args.func(args)
     except UsageError as e:
         print(f"zckpt_nb {args.command}: error: {e}", file=sys.stderr)
         return 2
     except LaunchError as e:
         print(f"zckpt_nb {args.command}: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"zckpt_nb {args.command}: interrupted; every rank was stopped", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, lifeline.Stopped) else signal.SIGINT
+        print(f"zckpt_nb {args.command}: interrupted by {signal.Signals(signum).name}; every rank was stopped",
+              file=sys.stderr)
+        return 128 + signum

@@ -12,8 +12,10 @@ half-written checkpoint. Here every rank runs the same sequence of steps and col
    still runs DeepSpeed's own barriers to the end (a rank raising there would leave the others waiting);
 3. agreement: one `all_gather_object` of every rank's files (size, SHA-256) and error;
 4. commit, rank 0 only: the manifest by temporary file + fsync + rename, then `latest` the same way,
-   each followed by an fsync of the folder; then `--keep_last` rotation;
+   each followed by an fsync of the folder;
 5. one `broadcast_object_list` of rank 0's outcome, so every rank returns the same `SaveOutcome`.
+`--keep_last` rotation follows a committed save, outside this protocol (`zckpt_nb.rotation`): it can fail
+without touching the new checkpoint or `latest`.
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ from zckpt_nb.verify import (
     CheckpointError,
     committed_tags,
     file_record,
-    incomplete_tags,
-    step_of,
     tag_to_resume,
     verify_tag,
 )
@@ -56,7 +56,8 @@ class SaveOutcome:
     error: str | None = None
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # write, fsync, hash, protocol (seconds)
-    deleted: list[str] = field(default_factory=list)  # tags removed by --keep_last
+    deleted: list[str] = field(default_factory=list)  # tags removed by --keep_last (zckpt_nb.rotation)
+    rotation_error: str | None = None  # what --keep_last could not delete; the commit stands regardless
     skipped: bool = False  # this rank did not take part (only the seed's rank-0-only pattern does that)
 
     def record(self) -> dict[str, Any]:
@@ -290,32 +291,13 @@ def manifest_text(tag: str, step: int, world: int, identity: dict[str, Any],
                        "files": files}, indent=1)
 
 
-def rotate(save_dir: Path, keep_last: int) -> list[str]:
-    """Delete committed checkpoints beyond the newest `keep_last` and older incomplete ones (never the newest).
-
-    The manifest goes first (and the folder is fsynced), so a crash mid-delete leaves an incomplete
-    checkpoint that resume ignores, never a "committed" one with files missing.
-    """
-    committed = committed_tags(save_dir)
-    if keep_last < 1 or not committed:
-        return []
-    newest = step_of(committed[-1])
-    doomed = committed[:-keep_last] + [t for t in incomplete_tags(save_dir) if step_of(t) < newest]
-    for tag in doomed:
-        (save_dir / tag / MANIFEST).unlink(missing_ok=True)
-        fsync_dir(save_dir / tag)
-        shutil.rmtree(save_dir / tag)
-    return doomed
-
-
-def commit_on_rank0(save_dir: Path, tag: str, step: int, manifest: str, keep_last: int) -> list[str]:
-    """Step 4: manifest, then `latest`, each by temporary file + fsync + rename; then rotation."""
+def commit_on_rank0(save_dir: Path, tag: str, step: int, manifest: str) -> None:
+    """Step 4: manifest, then `latest`, each by temporary file + fsync + rename."""
     tag_dir = save_dir / tag
     fsync_dir(tag_dir)  # every rank's file entries are durable before the manifest names them
     atomic_write(tag_dir / MANIFEST, manifest)
     fsync_dir(save_dir)
     atomic_write(save_dir / "latest", tag, before_rename=lambda: faults.maybe("latest", 0, step))
-    return rotate(save_dir, keep_last)
 
 
 def gather(obj: Any) -> list[Any]:
@@ -343,7 +325,7 @@ def discard(save_dir: Path, tag: str, rank: int) -> None:
 
 
 def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, step: int,
-         identity: dict[str, Any], keep_last: int = 0, prepare: Callable[[], None] | None = None) -> SaveOutcome:
+         identity: dict[str, Any], prepare: Callable[[], None] | None = None) -> SaveOutcome:
     """Save checkpoint `tag` with the commit protocol; every rank must call it. Never raises for a failed save."""
     import torch.distributed as dist
 
@@ -372,13 +354,13 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
     reports = gather({"rank": rank, "error": writer.error, "files": writer.records(save_dir / tag)})
     faults.release(rank, step, save_dir)
     error = first_errors(reports)
-    outcome = {"error": error, "deleted": []}
+    outcome = {"error": error}
     if error:
         discard(save_dir, tag, rank)
     elif rank == 0:
         try:
             manifest = manifest_text(tag, step, dist.get_world_size(), identity, reports)
-            outcome["deleted"] = commit_on_rank0(save_dir, tag, step, manifest, keep_last)
+            commit_on_rank0(save_dir, tag, step, manifest)
         except OSError as e:
             outcome["error"] = describe_error(e, e.filename or save_dir / tag, rank, "committing")
             (save_dir / tag / MANIFEST).unlink(missing_ok=True)
@@ -387,7 +369,7 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
     seconds = time.perf_counter() - start
     timings = {"write": write_seconds - writer.fsync_seconds - writer.hash_seconds, "fsync": writer.fsync_seconds,
                "hash": writer.hash_seconds, "protocol": seconds - write_seconds}
-    return SaveOutcome(tag, step, outcome["error"] is None, outcome["error"], seconds, timings, outcome["deleted"])
+    return SaveOutcome(tag, step, outcome["error"] is None, outcome["error"], seconds, timings)
 
 
 def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb import lifeline, lock
 from zckpt_nb.model import get_preset
 from zckpt_nb.verify import committed_tags
 
@@ -120,8 +121,8 @@ def check_train_args(nproc: int, steps: int, output_dir: Path, *, resume: bool, 
 
 
 def worker_env(nproc: int) -> dict[str, str]:
-    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo); who launched them (lifeline)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **lifeline.launcher_env())
     if not gpu_count():
         env["DS_ACCELERATOR"] = "cpu"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -287,12 +288,19 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     output_dir = Path(output_dir).resolve()
     check_train_args(nproc, steps, output_dir, resume=resume, model=model, save_every=save_every, timeout=timeout)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
     args = train_args(steps, output_dir, save_checkpoint=save_checkpoint, save_every=save_every,
                       resume=resume, model=model, seed=seed, extra=extra)
     name = f"train {model} on {nproc} rank(s) -> {output_dir}"
-    log, seconds = launch_module("zckpt_nb.train", args, nproc=nproc, timeout=timeout, name=name,
-                                 log_path=output_dir / "launch.log", verbose=verbose, progress=progress)
+    try:
+        mine = lock.take(output_dir)  # after the checks (nothing written for bad input), before any write
+    except lock.FolderInUse as e:
+        raise UsageError(str(e)) from None
+    try:
+        (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
+        log, seconds = launch_module("zckpt_nb.train", args, nproc=nproc, timeout=timeout, name=name,
+                                     log_path=output_dir / "launch.log", verbose=verbose, progress=progress)
+    finally:
+        lock.release(output_dir, mine)
     return RunResult.from_dir(output_dir, log, seconds)
 
 

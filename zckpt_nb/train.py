@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, measure, patterns, verify
+from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, patterns, rotation, verify
 from zckpt_nb.model import (
     PRESETS,
     build_model,
@@ -168,6 +168,7 @@ def report_failed_save(outcome: Any, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the worker; a checkpoint that cannot be used or a lost collective ends it with one line, exit 1."""
+    lifeline.arm()  # no rank outlives torchrun or the launching process, however they were killed
     try:
         train(argv)
         # Everything is written and the process group is destroyed. Skip interpreter finalization: once in a
@@ -238,7 +239,7 @@ def train(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, save_seconds, saves, failed, save_costs = [], [], 0.0, [], [], []
+    steps, losses, save_seconds, saves, failed, save_costs, rotation_errors = [], [], 0.0, [], [], [], []
     engine.train()
     for step in range(start_step, args.steps):
         batch = data.batch_for_step(tokens, step=step, rank=rank, seed=args.seed,
@@ -264,6 +265,8 @@ def train(argv: list[str] | None = None) -> None:
                 report_failed_save(outcome, args)
             elif rank == 0:
                 print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
+            if outcome.rotation_error:
+                rotation_errors.append(rotation.report(outcome))
 
     placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers
     save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
@@ -289,13 +292,13 @@ def train(argv: list[str] | None = None) -> None:
             "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": num_params,
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
-            "save_mode": args.save_mode, "failed_saves": failed, "init": args.init,
+            "save_mode": args.save_mode, "failed_saves": failed, "rotation_errors": rotation_errors, "init": args.init,
             "persistence_threshold": args.persistence_threshold, "ds_config": config,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
             "save_costs": costs, "ranks": records,
         }
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "run.json").write_text(json.dumps(run, indent=1))
+        commit.atomic_write(Path(args.output_dir) / "run.json", json.dumps(run, indent=1))  # never half a file
     dist.barrier()
     dist.destroy_process_group()
 

@@ -75,6 +75,23 @@ def incomplete_tags(ckpt_dir: str | Path) -> list[str]:
     return [d.name for d in tag_dirs(ckpt_dir) if not (d / MANIFEST).is_file()]
 
 
+def is_plain_name(name: Any) -> bool:
+    """A file or folder name alone: no folder part, not absolute, not '.' or '..'."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
+
+
+def check_paths(tag_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every entry names a file directly in `tag_dir` (no `../x`, no absolute path, no symlink leading out).
+
+    An edited or foreign manifest must not make verify, resume or export read (hash) files elsewhere.
+    """
+    for entry in manifest["files"]:
+        name = entry.get("path")
+        if not is_plain_name(name) or (tag_dir / name).resolve().parent != tag_dir.resolve():
+            raise CheckpointError(f"{tag_dir / MANIFEST} names {name!r}, which is not a file of {tag_dir} (a path or "
+                                  "a symlink leading out); refusing the checkpoint: restore its files or save it again")
+
+
 def check_file(tag_dir: Path, entry: dict[str, Any], hash_it: bool) -> None:
     """One file against its manifest entry: present, same size, same SHA-256."""
     path = tag_dir / entry["path"]
@@ -117,6 +134,9 @@ def check_fit(manifest: dict[str, Any], tag_dir: Path, world_size: int | None,
 def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
                identity: dict[str, Any] | None = None, ranks: list[int] | None = None) -> dict[str, Any]:
     """Run every check on checkpoint `tag`; hash only the files of `ranks` (all when None). Returns the manifest."""
+    if not is_plain_name(tag):  # `latest` or --tag naming `../elsewhere`
+        raise CheckpointError(f"checkpoint tag {tag!r} is not a folder name inside {ckpt_dir}; pass a tag like "
+                              "global_step40")
     tag_dir = Path(ckpt_dir) / tag
     if not tag_dir.is_dir():
         raise CheckpointError(f"no checkpoint folder {tag_dir}")
@@ -124,6 +144,7 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
     if manifest.get("tag") != tag:
         raise CheckpointError(f"{tag_dir / MANIFEST} describes tag {manifest.get('tag')!r}, not {tag!r}")
     check_fit(manifest, tag_dir, world_size, identity)
+    check_paths(tag_dir, manifest)
     check_ranks(tag_dir, manifest)
     for entry in manifest["files"]:
         check_file(tag_dir, entry, hash_it=ranks is None or entry["rank"] in ranks)
