@@ -67,7 +67,9 @@ def table(rows: list[dict[str, object]]) -> object:
     def cell(v: object) -> str:
         if isinstance(v, bool):  # before int: bool is an int subclass, and "1" is not what a check table means
             return "yes" if v else "no"
-        return f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v)
+        if isinstance(v, float):  # never scientific notation for a large figure: 1,238,866.7, not 1.23887e+06
+            return f"{v:,.1f}" if abs(v) >= 1e4 else f"{v:.6g}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
 
     head = list(rows[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
