@@ -56,11 +56,12 @@ class CompareWidget:
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
                                     tooltip="kill every rank of the running job; what was measured stays",
                                     layout=w.Layout(width="auto"))
-        self.progress = w.IntProgress(value=0, min=0, max=1, description="idle", style=WIDE,
-                                      layout=w.Layout(width="260px"))
+        self.progress = w.IntProgress(value=0, min=0, max=1, bar_style="info", style=WIDE,
+                                      layout=w.Layout(width="260px", display="none"))
         self.status = w.HTML()
         self.title, self.table = w.HTML(), w.HTML()
-        self.chart = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.table.add_class("jp-RenderedHTMLCommon")  # JupyterLab's own table style (rules, aligned numbers)
+        self.chart = w.Image(format="png", layout=w.Layout(max_width="900px"))
         self.button.on_click(self.on_click)
         self.stop_button.on_click(self.stop)
         self.add_button.on_click(self.add_size)
@@ -114,20 +115,22 @@ class CompareWidget:
         sizes, model, modes = self.request()
         self._stop.clear()
         self.set_running(True)
+        message = "<b>interrupted</b>"
         try:
             self.records = compare.compare(sizes, model, modes, self.output_dir, steps=self.steps,
                                            timeout=self.timeout, progress=False, on_start=self.started,
                                            on_line=self.line, stop=self._stop)
-            self.set_status(f"{len(self.records)} records for {model}, N = {sizes}")
+            message = f"{len(self.records)} records for {model}, N = {sizes}"
         except LaunchStopped:
             self.records = compare.select(compare.load_records(self.output_dir), model, sizes, modes)
             have = sorted({r["world_size"] for r in self.records})
-            self.set_status(f"<b>stopped</b>: every rank was killed; kept what was measured for {model}: N = {have}")
+            message = f"<b>stopped</b>: every rank was killed; kept what was measured for {model}: N = {have}"
         except Exception as e:  # show the one-line reason in the panel; the records already saved stay
-            self.set_status(f"<b>failed:</b> {str(e).splitlines()[0]}")
-        finally:
+            message = f"<b>failed:</b> {str(e).splitlines()[0]}"
+        finally:  # the status says "done" only once the chart and tables show it
             self.refresh()
             self.set_running(False)
+            self.set_status(message)
 
     def started(self, n: int) -> None:
         """`compare` is about to measure world size `n`: say so and reset the step bar."""
@@ -142,9 +145,7 @@ class CompareWidget:
 
     def set_running(self, running: bool) -> None:
         self.button.disabled, self.stop_button.disabled = running, not running
-        self.progress.bar_style = "info" if running else ""
-        if not running:
-            self.progress.description = "idle"
+        self.progress.layout.display = None if running else "none"  # the step bar shows only while a job runs
 
     def set_status(self, text: str) -> None:
         self.status.value = text
