@@ -7,6 +7,7 @@ so no output ever lands in notebooks/. Screenshots go to build/browser/ for a pe
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -69,6 +70,15 @@ def wait_until_up(url: str, server: subprocess.Popen, log: Path, timeout: float 
     pytest.fail(f"JupyterLab did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and every descendant (none once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[str]:
     """JupyterLab on a free loopback port with a token, serving a copy of notebook 05; yields its /lab URL."""
@@ -94,16 +104,15 @@ def lab(tmp_path: Path) -> Iterator[str]:
         wait_until_up(f"http://127.0.0.1:{port}/api/status?token={token}", server, log)
         yield f"http://127.0.0.1:{port}/lab?token={token}"
     finally:
-        started = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))] \
-            if server.poll() is None else [server.pid]
+        tree = process_tree(server.pid)
         kill_tree(server)
-        assert not [pid for pid in started if psutil.pid_exists(pid) and
-                    psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], "a process of the lab outlived it"
+        _, alive = psutil.wait_procs(tree, timeout=5)
+        assert not alive, f"processes of the lab outlived it: {alive}"
         assert procs_mentioning(str(tmp_path)) == [], "a process of the test (kernel, rank, browser) is left"
 
 
 def run_all_cells(page) -> None:
-    """Run > Run All Cells, then wait until every code cell shows an execution count."""
+    """Run > Run All Cells, as a person would; return once the last code cell ran or a cell failed."""
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     page.wait_for_function("""() => {  // the last cell ran, or a cell failed (Run All stops there)
@@ -131,6 +140,8 @@ def test_notebook_05_runs_in_jupyterlab_and_its_panel_measures_a_new_world_size(
             run_all_cells(page)
             outputs = page.locator(".jp-Notebook .jp-OutputArea").all_inner_texts()
             assert not [t for t in outputs if "Traceback" in t or "Error displaying widget" in t], outputs
+            prompts = page.locator(".jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
+            assert all(re.fullmatch(r"\[\d+\]:", t.strip()) for t in prompts), prompts  # every cell ran
 
             panel = page.locator(".widget-vbox").filter(has=page.get_by_role("button", name="Run what is missing"))
             title, status, table = panel.locator("h3"), panel.locator(".widget-html").nth(0), panel.locator("table")
