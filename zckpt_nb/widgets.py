@@ -8,6 +8,7 @@ is a plain trait assignment (no `Output` capture, which would depend on the cell
 
 from __future__ import annotations
 
+import base64
 import io
 import threading
 from collections.abc import Iterable
@@ -167,6 +168,13 @@ class CompareWidget:
         plt.close(self.figure)  # shown by the Image widget only, never again by the inline backend
         self.chart.value = png.getvalue()
         self.table.value = html_table(self.summary) + "<br>" + html_table(self.agreement)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The panel in Jupyter; the chart as a PNG where widgets do not render (HTML export, GitHub)."""
+        bundle = self.view()._repr_mimebundle_(**kwargs)
+        if self.chart.value:
+            bundle["image/png"] = base64.b64encode(bytes(self.chart.value)).decode()
+        return bundle
 
     def view(self) -> w.Widget:
         """The whole panel: controls, then Run/Stop with the status line and step bar, then chart and tables."""
