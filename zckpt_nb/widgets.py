@@ -39,6 +39,7 @@ class CompareWidget:
     def __init__(self, output_dir: str | Path, *, default_sizes: tuple[int, ...] = (1, 2),
                  world_sizes: tuple[int, ...] | None = None, model: str = "tiny", presets: tuple[str, ...] = (),
                  default_modes: tuple[str, ...] = MODES, steps: int = 5, timeout: float = 900) -> None:
+        """Offer `world_sizes` (1, 2, 4 by default) and `presets` (all by default) next to the defaults selected."""
         self.output_dir, self.steps, self.timeout = Path(output_dir), steps, timeout
         sizes = size_options(default_sizes, world_sizes)
         self.sizes = w.SelectMultiple(options=sizes, value=list(default_sizes), description="world sizes",
