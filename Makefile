@@ -1,12 +1,13 @@
 # Two commands on a fresh machine (Python 3.11, no GPU, no conda):
 #   make notebooks   # set up .venv, execute every notebook into build/
 #   make test        # set up .venv, run the whole test suite (what CI runs)
+#   make lab         # set up .venv, open notebooks/ in JupyterLab on 127.0.0.1 (prints the URL with its token)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: notebooks test lint bench clean
+.PHONY: notebooks test lab lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,9 @@ notebooks: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+lab: $(STAMP)
+	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lint: $(STAMP)
 	$(PY) -m ruff check zckpt_nb tests benchmarks

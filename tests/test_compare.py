@@ -3,8 +3,10 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
+from conftest import procs_mentioning
 
 from zckpt_nb import compare
 from zckpt_nb.costs import predict
@@ -51,7 +53,9 @@ def test_widget_runs_only_what_is_missing_and_redraws(compared):
     panel.sizes.value = (1, 2)
     panel.modes.value = tuple(MODES)
     assert panel.pending() == [1]
-    panel.button.click()
+    panel.button.click()  # runs in a background thread: the kernel stays free while ranks train
+    panel.wait(timeout=600)
+    assert not panel.running and not panel.button.disabled and panel.stop_button.disabled
     assert "failed" not in panel.status.value, panel.status.value
     assert {r["world_size"] for r in panel.records} == {1, 2}
     reused = [r for r in panel.records if r["world_size"] == 2]
@@ -68,6 +72,39 @@ def test_widget_runs_only_what_is_missing_and_redraws(compared):
     (single,) = [r for r in panel.records if (r["mode"], r["world_size"]) == ("gathered16", 1)]
     pred = predict("tiny", 1).gathered
     assert pred["broadcast_bytes_per_rank"] <= single["logged_comm_bytes"] <= pred["comm_bytes_per_rank"]
+
+
+def test_widget_offers_any_world_size_and_adds_typed_ones(tmp_path):
+    panel = CompareWidget(tmp_path, default_sizes=(3,), model="tiny", presets=("tiny", "small"))
+    assert list(panel.sizes.options) == [1, 2, 3, 4] and panel.sizes.value == (3,)
+    assert list(panel.model.options) == ["small", "tiny"]
+    panel.new_size.value = 6
+    panel.add_button.click()
+    assert list(panel.sizes.options) == [1, 2, 3, 4, 6] and panel.sizes.value == (3, 6)
+    assert list(CompareWidget(tmp_path, default_sizes=(2,), world_sizes=(8,)).sizes.options) == [2, 8]
+
+
+def test_stop_kills_every_rank_and_keeps_what_was_measured(compared, tmp_path):
+    out, first = compared
+    (tmp_path / compare.RESULTS).write_text((out / compare.RESULTS).read_text())
+    kept = (tmp_path / compare.RESULTS).read_text()
+    panel = CompareWidget(tmp_path, default_sizes=(2, 3), default_modes=("partitioned",), steps=100_000)
+    started = time.monotonic()
+    panel.button.click()
+    assert time.monotonic() - started < 1 and panel.running  # the click returns at once; the job runs behind it
+    deadline = time.monotonic() + 300
+    while panel.progress.value < 1 and panel.running and time.monotonic() < deadline:
+        time.sleep(0.5)  # wait for rank 0's first step: every rank is up and training
+    assert panel.progress.value >= 1 and panel.progress.description == "N = 3", panel.status.value
+    assert len(procs_mentioning(str(tmp_path))) >= 3  # torchrun and its 3 ranks
+    panel.stop_button.click()
+    panel.wait(timeout=60)
+    assert not panel.running, "Stop did not end the job"
+    assert "stopped" in panel.status.value and "N = [2]" in panel.status.value, panel.status.value
+    assert procs_mentioning(str(tmp_path)) == []
+    assert (tmp_path / compare.RESULTS).read_text() == kept
+    assert [r["seconds"] for r in panel.records] == [r["seconds"] for r in first if r["mode"] == "partitioned"]
+    assert "N = [2, 3]" in panel.title.value and bytes(panel.chart.value).startswith(b"\x89PNG")
 
 
 def test_compare_cli_refuses_bad_world_sizes(tmp_path):

@@ -10,6 +10,7 @@ Results accumulate in `DIR/compare.json`, so asking again reuses what was alread
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,23 @@ def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) ->
             "logged_comm_op_bytes": {op: v["bytes"] for op, v in cost["comm_ops"].items() if v["bytes"]}}
 
 
+def check_stop(stop: threading.Event | None, what: str) -> None:
+    """Raise LaunchStopped before `what` when `stop` is set."""
+    from zckpt_nb.launch import LaunchStopped
+
+    if stop is not None and stop.is_set():
+        raise LaunchStopped(f"stopped before {what}")
+
+
 def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, steps: int = 5,
-                       timeout: float | None = None, verbose: bool = False,
+                       timeout: float | None = None, verbose: bool = False, progress: bool = True,
+                       on_line: Callable[[str, str], None] | None = None, stop: threading.Event | None = None,
                        persistence_threshold: int = 0) -> list[dict[str, Any]]:
-    """Run every asked-for mode at world size `n` and return one record per (mode, rank)."""
+    """Run every asked-for mode at world size `n` and return one record per (mode, rank).
+
+    `progress` shows a bar per launch; `on_line` sees the ranks' lines; setting `stop` ends the launch (every rank
+    killed) or skips the offline routes, raising LaunchStopped.
+    """
     from zckpt_nb.consolidate import measure_offline
     from zckpt_nb.export import measure_export
     from zckpt_nb.inspect import inspect_checkpoint
@@ -91,11 +105,14 @@ def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, s
     extra = [flag for mode, flag in IN_TRAINING_FLAGS.items() if mode in modes]
     t = persistence_threshold
     run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}_t{t}"), save_checkpoint=True, model=model,
-                 extra=extra, timeout=timeout, verbose=verbose, persistence_threshold=t)
+                 extra=extra, timeout=timeout, verbose=verbose, progress=progress, on_line=on_line, stop=stop,
+                 persistence_threshold=t)
     costs = [c for c in run.data["save_costs"] if c["mode"] in modes]
     if "offline" in modes:
+        check_stop(stop, f"the offline conversion at N = {n}")
         costs.append(measure_offline(run.output_dir, run.output_dir / "offline").to_dict())
     if "hf" in modes:
+        check_stop(stop, f"the HF export at N = {n}")
         costs.append(measure_export(run.output_dir, run.output_dir / "hf").to_dict())
     shards = {s.rank: s for s in inspect_checkpoint(run.output_dir).ranks}
     return [record(run.data, c, shards) for c in costs]
@@ -143,19 +160,25 @@ def check_request(nprocs: list[int], model: str, modes: list[str]) -> None:
 
 
 def compare(nprocs: list[int], model: str, modes: list[str], output_dir: str | Path, *, steps: int = 5,
-            timeout: float | None = None, reuse: bool = True, verbose: bool = False,
-            on_start: Callable[[int], None] | None = None, persistence_threshold: int = 0) -> list[dict[str, Any]]:
-    """Measure what is missing (everything with reuse=False), save DIR/compare.json, return the records asked for."""
+            timeout: float | None = None, reuse: bool = True, verbose: bool = False, progress: bool = True,
+            on_start: Callable[[int], None] | None = None, on_line: Callable[[str, str], None] | None = None,
+            stop: threading.Event | None = None, persistence_threshold: int = 0) -> list[dict[str, Any]]:
+    """Measure what is missing (everything with reuse=False), save DIR/compare.json, return the records asked for.
+
+    `on_start(n)` is called before each world size is measured; `progress`, `on_line` and `stop` go to
+    `measure_world_size`. A stop raises LaunchStopped; the world sizes finished before it stay in compare.json.
+    """
     check_request(nprocs, model, modes)
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     records = load_records(out) if reuse else []
     t = persistence_threshold
     for n in missing(records, model, nprocs, modes, t):
+        check_stop(stop, f"measuring N = {n}")
         if on_start:
             on_start(n)
         fresh = measure_world_size(model, n, modes, out, steps=steps, timeout=timeout, verbose=verbose,
-                                   persistence_threshold=t)
+                                   progress=progress, on_line=on_line, stop=stop, persistence_threshold=t)
         done = {(r["mode"], r["rank"]) for r in fresh}
         records = [r for r in records if not (r["model"] == model and r["world_size"] == n and
                                               r.get("persistence_threshold", 0) == t and

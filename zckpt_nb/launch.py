@@ -46,6 +46,10 @@ class LaunchTimeout(LaunchError):
     """The job ran past its timeout and was killed with all its ranks."""
 
 
+class LaunchStopped(LaunchError):
+    """The job was stopped on request (its `stop` event was set) and killed with all its ranks."""
+
+
 @dataclass
 class RunResult:
     """What a training launch measured: `run.json` as an object, plus the launcher's own view."""
@@ -159,8 +163,8 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     proc.wait()
 
 
-def read_lines(proc: subprocess.Popen, deadline: float) -> Iterator[str]:
-    """Yield the job's output lines as they come; raise TimeoutError once `deadline` passes."""
+def read_lines(proc: subprocess.Popen, deadline: float, stop: threading.Event | None = None) -> Iterator[str]:
+    """Yield the job's output lines as they come; end early once `stop` is set; raise TimeoutError past `deadline`."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -169,7 +173,7 @@ def read_lines(proc: subprocess.Popen, deadline: float) -> Iterator[str]:
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
-    while True:
+    while stop is None or not stop.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
@@ -180,6 +184,12 @@ def read_lines(proc: subprocess.Popen, deadline: float) -> Iterator[str]:
         if line is None:
             return
         yield line
+
+
+def step_of(text: str) -> tuple[int, int] | None:
+    """(done, total) from a rank's `step k/n` line, else None."""
+    m = _STEP.match(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def label(line: str) -> tuple[str, str]:
@@ -197,10 +207,10 @@ class Progress:
         self._tqdm, self.bar, self.show_lines, self.show_bar, self.name = tqdm, None, show_lines, show_bar, name
 
     def line(self, who: str, text: str) -> None:
-        m = _STEP.match(text) if who == "rank 0" else None
+        step = step_of(text) if who == "rank 0" else None
         quiet_step = False
-        if m:
-            done, total = int(m.group(1)), int(m.group(2))
+        if step:
+            done, total = step
             quiet_step = done % max(1, total // 10) != 0 and done not in (1, total)  # the bar shows every step
             if self.show_bar:
                 if self.bar is None:
@@ -221,8 +231,12 @@ def tails(per_rank: dict[str, deque]) -> str:
 
 def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, name: str,
                   log_path: Path | None = None, verbose: bool = True, progress: bool = True,
-                  on_line: Callable[[str, str], None] | None = None) -> tuple[list[str], float]:
-    """Run `python -m module args` on `nproc` ranks; return (all output lines, seconds). Never hangs."""
+                  on_line: Callable[[str, str], None] | None = None,
+                  stop: threading.Event | None = None) -> tuple[list[str], float]:
+    """Run `python -m module args` on `nproc` ranks; return (all output lines, seconds). Never hangs.
+
+    `on_line(who, text)` sees every line; setting `stop` (from any thread) kills every rank and raises LaunchStopped.
+    """
     log: list[str] = []
     per_rank: dict[str, deque] = defaultdict(lambda: deque(maxlen=12))
     shown = Progress(name, verbose, progress)
@@ -232,13 +246,16 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True)
         try:
-            for raw in read_lines(proc, start + timeout):
+            for raw in read_lines(proc, start + timeout, stop):
                 who, text = label(raw)
                 log.append(f"[{who}] {text}")
                 per_rank[who].append(text)
                 shown.line(who, text)
                 if on_line:
                     on_line(who, text)
+            if stop is not None and stop.is_set():
+                kill_tree(proc)
+                raise LaunchStopped(f"job '{name}' was stopped; all ranks were killed")
             proc.wait()
         except TimeoutError:
             kill_tree(proc)
@@ -278,10 +295,12 @@ def default_timeout(model: str, nproc: int, steps: int) -> float:
 def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny", *, save_checkpoint: bool = False,
            save_every: int = 0, resume: bool = False, model: str = "tiny", seed: int = 0,
            timeout: float | None = None, persistence_threshold: int = 0, extra: list[str] | None = None,
-           verbose: bool = True, progress: bool = True) -> RunResult:
+           verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
+           stop: threading.Event | None = None) -> RunResult:
     """Train `model` with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements.
 
-    `timeout=None` scales the bound with the preset, the steps and the ranks (`default_timeout`).
+    `timeout=None` scales the bound with the preset, the steps and the ranks (`default_timeout`). `on_line` and
+    `stop` go to `launch_module`: every output line, and an event that stops the job from any thread.
     """
     timeout = timeout or default_timeout(model, nproc, steps)
     extra = [*(extra or []), "--persistence_threshold", str(persistence_threshold)]
@@ -298,7 +317,8 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     try:
         (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
         log, seconds = launch_module("zckpt_nb.train", args, nproc=nproc, timeout=timeout, name=name,
-                                     log_path=output_dir / "launch.log", verbose=verbose, progress=progress)
+                                     log_path=output_dir / "launch.log", verbose=verbose, progress=progress,
+                                     on_line=on_line, stop=stop)
     finally:
         lock.release(output_dir, mine)
     return RunResult.from_dir(output_dir, log, seconds)
