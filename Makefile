@@ -29,5 +29,8 @@ lab: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check zckpt_nb tests benchmarks
 
+bench: $(STAMP)
+	$(PY) benchmarks/compare_world_sizes.py --model tiny --nproc 1 2 3 4 --output_dir build/bench/compare --fresh
+
 clean:
 	rm -rf build .pytest_cache
