@@ -114,6 +114,8 @@ def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Fig
         bottom = [b + m for b, m in zip(bottom, ms)]
     ax.set(title=title, xlabel="checkpoint tag", ylabel="time on rank 0 (ms)")
     ax.legend()
+    return add_caption(fig, caption)
+
 
 def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figure:
     """Six panels of grouped bars, one group per route and one bar per rank: time, extra peak RSS, extra peak heap
