@@ -93,8 +93,9 @@ def wire_bytes(ops: dict[str, int], n: int) -> float:
 def time_terms(pred: Prediction, bw: Bandwidths) -> dict[str, dict[str, float]]:
     """Per save mode, its seconds term by term on rank 0 (the slowest rank); offline and hf: the conversion alone."""
     n, write, read, net = pred.world_size, bw.write_gbps * GB, bw.read_gbps * GB, bw.net_gbps * GB
-    convert = {"read every shard": pred.offline["read_bytes"] / read,
-               "write the fp32 model": pred.offline["written_bytes"] / write}
+    def convert(part: dict[str, Any]) -> dict[str, float]:
+        return {"read every shard": part["read_bytes"] / read, "write the fp32 model": part["written_bytes"] / write}
+
     return {
         "partitioned": {"write the rank's shard": pred.partitioned["per_rank_bytes"][0] / write,
                         "collectives": wire_bytes(pred.partitioned["ops"], n) / net},
@@ -102,8 +103,8 @@ def time_terms(pred: Prediction, bw: Bandwidths) -> dict[str, dict[str, float]]:
                        "rank 0 writes the 16-bit model": pred.gathered["written_bytes"] / write},
         "per_param": {"all-gather": wire_bytes(pred.per_param["ops"], n) / net,
                       "rank 0 writes the model": pred.per_param["written_bytes"] / write},
-        "offline": convert,
-        "hf": {"read every shard": pred.hf["read_bytes"] / read, "write the fp32 model": pred.hf["written_bytes"] / write},
+        "offline": convert(pred.offline),
+        "hf": convert(pred.hf),
     }
 
 
