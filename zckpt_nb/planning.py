@@ -219,10 +219,12 @@ def deepspeed_sentence(table: list[dict[str, Any]]) -> str:
     total, terms = table[-1], table[:-1]
     explained = sum(t["difference B"] for t in terms)
     largest = max(terms, key=lambda t: abs(t["difference B"]))
+    rest = total["difference B"] - explained
     return (f"Our per-rank held bytes are {total['ours B'] / GIB:.3f} GiB against DeepSpeed's "
             f"{total['DeepSpeed B'] / GIB:.3f} GiB ({total['ours B'] / total['DeepSpeed B'] - 1:+.2%}); the terms "
-            f"above account for {explained:,} of the {total['difference B']:,} bytes of difference (the rest is "
-            f"rounding), the largest being '{largest['term']}' ({largest['difference B']:,} B).")
+            f"above account for {explained:,} of the {total['difference B']:,} bytes of difference"
+            + (f" ({rest:+,} B of rounding left)" if rest else " exactly")
+            + f", the largest being '{largest['term']}' ({largest['difference B']:,} B).")
 
 
 def published_check(name: str) -> dict[str, Any]:

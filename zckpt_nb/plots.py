@@ -207,7 +207,7 @@ def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: st
                 ax.scatter(*zip(*hits), marker="x", s=60, color="black", zorder=3,
                            label=f"{model}, measured" if ax is axes[0] else None)
         ax.set(title=name, xlabel="world size N (ranks)", ylabel=ylabel, xscale="log", yscale="log")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, ncol=2 if key == "stall s" else 1)
     fig.suptitle(title)
     fig.tight_layout()
     return add_caption(fig, caption)
