@@ -97,7 +97,7 @@ def padding(numels: tuple[int, ...], n: int) -> int:
 
 @dataclass
 class Prediction:
-    """Predicted bytes for one preset, world size and dtype (all per rank unless named otherwise)."""
+    """Predicted bytes for one preset or config, world size and dtype (all per rank unless named otherwise)."""
 
     model: str
     world_size: int
