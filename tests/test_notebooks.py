@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from zckpt_nb import claims, compare
+from zckpt_nb import claims, compare, planning
 from zckpt_nb.launch import RunResult
 from zckpt_nb.notebooks import execute, notebook_paths
 
@@ -24,7 +24,17 @@ MATRIX = [
     ("04", {"NPROC": 1, "STEPS": 60}),
     ("05", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
     ("06", {"NPROC": 1}),
+    ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
+            "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0}),
 ]
+
+
+def parameter_defaults(path: Path) -> dict:
+    """What the notebook's `parameters` cell sets (run, so the test reads the notebook's own defaults)."""
+    cell = next(c for c in nbformat.read(path, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
+    values: dict = {}
+    exec(cell.source, values)
+    return values
 
 
 def run_notebook(path: Path, tmp_path: Path, parameters: dict) -> nbformat.NotebookNode:
@@ -56,6 +66,12 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         modes = parameters.get("MODES", list(compare.MODES))
         records = compare.select(compare.load_records(runs), "tiny", sizes, modes, threshold)
         assert claims.agreement_verdict(compare.agreement(records)) in text
+    if prefix == "09":
+        get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
+        bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"))
+        n = get("NODES") * get("GPUS_PER_NODE")
+        assert planning.verdict(planning.plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
+                                bw) in text
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -49,3 +49,14 @@ def test_notebooks_are_committed_without_outputs():
         text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
         for heading in ("What you will learn", "Prerequisites", "Expected run time", "Summary"):
             assert heading in text, f"{path.name} lacks '{heading}'"
+
+
+def test_package_data_ships_every_config_and_data_file():
+    from fnmatch import fnmatch
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["zckpt_nb"]
+    package = ROOT / "zckpt_nb"
+    files = [p.relative_to(package).as_posix() for d in ("configs", "data") for p in (package / d).iterdir()]
+    assert any(f.startswith("configs/") for f in files)
+    for f in files:
+        assert any(fnmatch(f, pattern) for pattern in patterns), f"pyproject's package-data leaves out {f}"

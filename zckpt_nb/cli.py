@@ -67,13 +67,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    from zckpt_nb.costs import format_prediction, predict, prediction_json
+    import json
 
-    if args.nproc < 1:
-        raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
-    pred = predict(args.model, args.nproc, args.dtype, args.persistence_threshold)
-    print(prediction_json(pred) if args.json else format_prediction(pred))
+    from zckpt_nb.costs import format_prediction, predict
+    from zckpt_nb.planning import Bandwidths, format_table, plan, plan_table, verdict
+
+    sizes = world_sizes(args)
+    name = args.config or args.model
+    bw = Bandwidths(args.write_gbps, args.read_gbps, args.net_gbps)
+    preds = [predict(name, n, args.dtype, args.persistence_threshold) for n in sizes]
+    plans = [plan(name, n, bw, args.dtype, args.persistence_threshold, args.gather_16bit == "on") for n in sizes]
+    if args.json:
+        data = [{**p.to_dict(), "plan": rows, "verdict": verdict(rows, bw)} for p, rows in zip(preds, plans)]
+        print(json.dumps(data[0] if len(data) == 1 else data, indent=1))
+        return 0
+    print("\n\n".join(map(format_prediction, preds)) + "\n")
+    print(format_table([row for rows in plans for row in plan_table(rows)]) + "\n")
+    print("\n".join(verdict(rows, bw) for rows in plans))
     return 0
+
+
+def world_sizes(args: argparse.Namespace) -> list[int]:
+    """The world sizes `costs` plans for: --nproc N [N ...], or --nodes x --gpus_per_node."""
+    if args.nodes is not None or args.gpus_per_node is not None:
+        if args.nproc is not None or args.nodes is None or args.gpus_per_node is None:
+            raise UsageError("give --nodes and --gpus_per_node together, and not with --nproc")
+        sizes = [args.nodes * args.gpus_per_node]
+    else:
+        sizes = args.nproc or [2]
+    if min(sizes) < 1:
+        raise UsageError(f"world sizes must be at least 1 (got {sizes})")
+    return sizes
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -141,6 +165,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from zckpt_nb.measure import MODES
     from zckpt_nb.model import PRESETS
+    from zckpt_nb.planning import shipped_configs
     from zckpt_nb.train import add_train_args
 
     parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
@@ -162,12 +187,23 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     ver.set_defaults(func=cmd_verify)
 
-    costs = sub.add_parser("costs", help="predict per-rank state and save costs from the model config alone")
-    costs.add_argument("--model", default="tiny", choices=sorted(PRESETS))
-    costs.add_argument("--nproc", type=int, default=2)
+    costs = sub.add_parser("costs", help="plan a ZeRO-3 checkpoint from the model config alone: bytes and seconds")
+    which = costs.add_mutually_exclusive_group()
+    which.add_argument("--model", default="tiny", choices=sorted(PRESETS))
+    which.add_argument("--config", metavar="PATH_OR_DIR",
+                       help="a transformers config.json of a causal LM (or its folder, or a shipped config: "
+                            f"{', '.join(shipped_configs())}); built on the meta device, nothing downloaded")
+    costs.add_argument("--nproc", type=int, nargs="+", default=None, help="world sizes (default 2)")
+    costs.add_argument("--nodes", type=int, default=None, help="with --gpus_per_node: N = nodes x GPUs per node")
+    costs.add_argument("--gpus_per_node", type=int, default=None)
     costs.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     costs.add_argument("--persistence_threshold", type=int, default=0,
                        help="stage3_param_persistence_threshold (DeepSpeed's default: 100000)")
+    costs.add_argument("--gather_16bit", default="on", choices=["on", "off"],
+                       help="stage3_gather_16bit_weights_on_model_save (off: save_16bit_model writes nothing)")
+    costs.add_argument("--write_gbps", type=float, default=2.0, help="GB/s one rank writes to storage (default 2)")
+    costs.add_argument("--read_gbps", type=float, default=2.0, help="GB/s the offline conversion reads (default 2)")
+    costs.add_argument("--net_gbps", type=float, default=25.0, help="GB/s of one rank's network link (default 25)")
     costs.add_argument("--json", action="store_true")
     costs.set_defaults(func=cmd_costs)
 

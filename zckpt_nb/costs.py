@@ -46,20 +46,26 @@ def fixed_tensor_bytes() -> int:
     return torch.get_rng_state().numel() + FP32
 
 
+def model_config(name: str) -> Any:
+    """The transformers config of a preset, else of a causal-LM `config.json` (a path, a folder or a shipped name)."""
+    from zckpt_nb.model import PRESETS, gpt2_config
+    from zckpt_nb.planning import load_config
+
+    return gpt2_config(name) if name in PRESETS else load_config(name)
+
+
 @cache
 def meta_model(name: str) -> Any:
-    """Preset `name` built on the meta device: shapes only, no memory, no DeepSpeed."""
+    """Preset or config `name` built on the meta device: shapes only, no memory, no DeepSpeed."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from zckpt_nb.model import gpt2_config
-
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(gpt2_config(name))
+        return AutoModelForCausalLM.from_config(model_config(name))
 
 
 def tensor_numels(name: str) -> tuple[int, ...]:
-    """Element count of every distinct parameter tensor of preset `name` (tied weights once), from the config."""
+    """Element count of every distinct parameter tensor of `name` (tied weights once), from the config."""
     return tuple(p.numel() for p in meta_model(name).parameters())
 
 
@@ -91,7 +97,7 @@ def padding(numels: tuple[int, ...], n: int) -> int:
 
 @dataclass
 class Prediction:
-    """Predicted bytes for one preset, world size and dtype (all per rank unless named otherwise)."""
+    """Predicted bytes for one preset or config, world size and dtype (all per rank unless named otherwise)."""
 
     model: str
     world_size: int

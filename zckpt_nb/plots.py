@@ -196,3 +196,51 @@ def plot_against_model(summary: Sequence[dict], model_bytes: int, *, title: str,
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     return add_caption(fig, caption)
+
+
+def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: str, caption: str) -> Figure:
+    """Three log-log panels against N: per-rank shard bytes, rank 0's gathered-save extra peak, save stall;
+    `rows` from `planning.sweep`, `measured` compare records drawn over the curves of their model."""
+    panels = [("partitioned", "rank 0 writes B", "measured_payload_bytes", "Per-rank shard (partitioned save)",
+               "bytes per rank (B)"),
+              ("gathered16", "rank 0 extra peak B", "measured_extra_peak_bytes", "Rank 0's extra peak, gathered save",
+               "extra peak memory (B)"),
+              ("partitioned", "stall s", "seconds", "Training stall of a save", "stall (s)")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    for ax, (mode, key, measured_key, name, ylabel) in zip(axes, panels):
+        for i, model in enumerate(models):
+            modes = (mode, "gathered16") if key == "stall s" else (mode,)
+            for m, ls in zip(modes, ("-", "--")):
+                pts = [(r["N"], r[key]) for r in rows if r["model"] == model and r["mode"] == m]
+                ax.plot(*zip(*pts), ls=ls, color=f"C{i}", label=f"{model}, {m}" if key == "stall s" else model)
+            hits = [(r["world_size"], r[measured_key]) for r in measured
+                    if r["model"] == model and r["mode"] in modes and r["rank"] == 0]
+            if hits:
+                ax.scatter(*zip(*hits), marker="x", s=60, color="black", zorder=3,
+                           label=f"{model}, measured" if ax is axes[0] else None)
+        ax.set(title=name, xlabel="world size N (ranks)", ylabel=ylabel, xscale="log", yscale="log")
+        ax.legend(fontsize=6, ncol=2 if key == "stall s" else 1)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return add_caption(fig, caption)
+
+
+def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, tolerance: float = 0.25) -> Figure:
+    """Predicted against measured seconds on log axes, bandwidths only and with the fitted overhead, with y = x."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    measured = [r["measured s"] for r in rows]
+    lo, hi = min(measured) / 3, max(measured) * 3
+    xs = [lo, hi]
+    ax.plot(xs, xs, color="black", lw=1, label="predicted = measured")
+    ax.fill_between(xs, [x * (1 - tolerance) for x in xs], [x * (1 + tolerance) for x in xs], color="grey",
+                    alpha=0.2, label=f"within {tolerance:.0%}")
+    for key, marker in (("bandwidth-only s", "o"), ("with overhead s", "^")):
+        pts = [(r["measured s"], r[key]) for r in rows if r[key] is not None]
+        ax.scatter(*zip(*pts), marker=marker, label=key.replace(" s", ""))
+    for r in rows:
+        ax.annotate(f"{r['mode']} N={r['N']}", (r["measured s"], r["bandwidth-only s"]), fontsize=6)
+    ax.set(title=title, xlabel="measured seconds, rank 0 (s)", ylabel="predicted seconds (s)", xscale="log",
+           yscale="log")
+    ax.legend(fontsize=8)
+    return add_caption(fig, caption)

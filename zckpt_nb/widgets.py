@@ -191,3 +191,47 @@ class CompareWidget:
         actions = w.HBox([self.button, self.stop_button, self.progress, self.status],
                          layout=w.Layout(align_items="center"))
         return w.VBox([controls, actions, self.title, self.chart, self.table])
+
+
+class PlanWidget:
+    """A config, a world size and three bandwidths in; the plan table and its verdict out, on every change."""
+
+    def __init__(self, configs: list[str], *, config: str, n: int, bw: Any, dtype: str = "bf16") -> None:
+        self.config = w.Dropdown(options=configs, value=config, description="config")
+        self.n = w.BoundedIntText(value=n, min=1, max=1_000_000, description="N (ranks)")
+        self.dtype = w.Dropdown(options=["bf16", "fp32"], value=dtype, description="dtype")
+        self.write = w.FloatText(value=bw.write_gbps, description="write GB/s")
+        self.read = w.FloatText(value=bw.read_gbps, description="read GB/s")
+        self.net = w.FloatText(value=bw.net_gbps, description="net GB/s")
+        self.out = w.Output()
+        self.rows: list[dict[str, Any]] = []
+        self.sentence = ""  # what the panel shows under the table (kept for tests)
+        for control in self.controls():
+            control.observe(self.refresh, names="value")
+
+    def controls(self) -> list[w.Widget]:
+        return [self.config, self.n, self.dtype, self.write, self.read, self.net]
+
+    def refresh(self, _change: Any = None) -> None:
+        """Plan again from the controls (no launch: arithmetic on the config) and redraw the table."""
+        from IPython.display import Markdown, display
+
+        from zckpt_nb.launch import UsageError
+        from zckpt_nb.planning import Bandwidths, plan, plan_table, verdict
+        from zckpt_nb.plots import table
+
+        self.out.clear_output(wait=True)
+        try:
+            bw = Bandwidths(self.write.value, self.read.value, self.net.value)
+            self.rows = plan(self.config.value, self.n.value, bw, self.dtype.value)
+            self.sentence = verdict(self.rows, bw)
+        except UsageError as e:
+            self.rows, self.sentence = [], f"**not planned:** {e}"
+        with self.out:
+            if self.rows:
+                display(table(plan_table(self.rows)))
+            display(Markdown(self.sentence))
+
+    def view(self) -> w.Widget:
+        """The whole panel."""
+        return w.VBox([w.HBox(self.controls()[:3]), w.HBox(self.controls()[3:]), self.out])

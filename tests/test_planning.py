@@ -1,0 +1,214 @@
+"""Planning at scale: exact counts for any causal-LM config, the time model, the cross-checks, the CLI, the panel."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from zckpt_nb import cli, planning
+from zckpt_nb.costs import meta_model, module_walk_numels, predict, tensor_numels
+from zckpt_nb.planning import Bandwidths
+
+
+def llama_numel(c: dict) -> int:
+    """Parameters of a Llama layout in closed form: embeddings, attention with grouped KV heads, gated MLP, norms."""
+    h, v, layers, kv = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["num_key_value_heads"]
+    head = h // c["num_attention_heads"]
+    layer = 2 * h * h + 2 * h * kv * head + 3 * h * c["intermediate_size"] + 2 * h
+    return v * h * (1 if c["tie_word_embeddings"] else 2) + layers * layer + h
+
+
+def gpt2_numel(c: dict) -> int:
+    """Parameters of a GPT-2 layout in closed form (lm_head tied to wte)."""
+    h, inner = c["n_embd"], c.get("n_inner") or 4 * c["n_embd"]
+    layer = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h)
+    return (c["vocab_size"] + c["n_positions"]) * h + c["n_layer"] * layer + 2 * h
+
+
+@pytest.mark.parametrize("name", planning.shipped_configs())
+def test_shipped_configs_count_exactly(name):
+    config = json.loads(planning.config_file(name).read_text())
+    closed_form = llama_numel(config) if config["model_type"] == "llama" else gpt2_numel(config)
+    assert sum(tensor_numels(name)) == meta_model(name).num_parameters() == closed_form
+    assert all(p.device.type == "meta" for p in meta_model(name).parameters())
+
+
+def test_published_llama_3_8b_size_equals_our_consolidated_bytes():
+    check = planning.published_check("llama-3-8b")
+    assert check["parameters, ours"] == 8_030_261_248 and check["bf16 bytes, ours"] == 16_060_522_496
+    assert check["equal"]
+
+
+def random_configs(seed: int) -> list[dict]:
+    """Small GPT-2, Llama, Mistral and Qwen2 configs, tied and untied, with random shapes."""
+    rng = random.Random(seed)
+    out = []
+    for kind in ("gpt2", "llama", "mistral", "qwen2"):
+        for tied in (True, False):
+            heads = rng.choice([2, 4])
+            hidden = heads * rng.choice([8, 16])
+            if kind == "gpt2":
+                out.append({"model_type": "gpt2", "n_embd": hidden, "n_head": heads, "n_layer": rng.randint(1, 3),
+                            "vocab_size": rng.randint(50, 300), "n_positions": rng.choice([16, 32]),
+                            "tie_word_embeddings": tied})
+            else:
+                out.append({"model_type": kind, "hidden_size": hidden, "num_attention_heads": heads,
+                            "num_key_value_heads": rng.choice([1, heads]), "num_hidden_layers": rng.randint(1, 3),
+                            "intermediate_size": rng.randint(20, 90), "vocab_size": rng.randint(50, 300),
+                            "tie_word_embeddings": tied})
+    return out
+
+
+@pytest.mark.parametrize("config", random_configs(14), ids=lambda c: f"{c['model_type']}-{c['tie_word_embeddings']}")
+def test_random_small_configs_count_what_transformers_builds(config, tmp_path):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    kind = config["model_type"]
+    real = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **{k: v for k, v in config.items()
+                                                                          if k != "model_type"}))
+    assert sum(tensor_numels(str(tmp_path))) == real.num_parameters()  # the folder, built on meta
+    walk, distinct = sum(module_walk_numels(str(path))), sum(tensor_numels(str(path)))
+    lm_head = real.get_output_embeddings().weight.numel()
+    # a tied lm_head is one tensor (counted once) that save_16bit_model's module walk meets twice
+    assert walk - distinct == (lm_head if real.config.tie_word_embeddings else 0)
+    assert torch.equal(torch.tensor(sum(p.numel() for p in real.parameters())), torch.tensor(distinct))
+
+
+def test_a_70b_model_plans_fast_and_small():
+    code = ("import resource, time; t = time.perf_counter(); from zckpt_nb.costs import predict; "
+            "p = predict('llama-3-70b', 4096, 'bf16'); "
+            "print(p.num_params, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    params, seconds, rss_kib = done.stdout.split()
+    assert int(params) == 70_553_706_496
+    assert float(seconds) < 30 and int(rss_kib) < 1.5 * 2**20, (seconds, rss_kib)  # imports included; < 1.5 GiB
+
+
+def test_time_terms_follow_the_bytes():
+    bw = Bandwidths(write_gbps=2, read_gbps=4, net_gbps=10)
+    pred = predict("llama-3-8b", 64, "bf16")
+    terms = planning.time_terms(pred, bw)
+    assert terms["partitioned"]["write the rank's shard"] == pred.partitioned["per_rank_bytes"][0] / 2e9
+    assert terms["per_param"]["all-gather"] == 63 * pred.per_param["allgather_bytes_per_rank"] / 10e9
+    assert terms["offline"] == {"read every shard": pred.partitioned["total_bytes"] / 4e9,
+                                "write the fp32 model": 4 * pred.num_params / 2e9}
+    rows = {r["mode"]: r for r in planning.plan("llama-3-8b", 64, bw)}
+    assert rows["offline"]["stall s"] == rows["partitioned"]["stall s"] < rows["offline"]["durable s"]
+    assert "gathered16" not in {r["mode"] for r in planning.plan("llama-3-8b", 64, bw, gather_16bit=False)}
+
+
+def test_verdict_names_the_cheapest_mode_for_the_numbers_given():
+    bw = Bandwidths(write_gbps=2, read_gbps=2, net_gbps=25)
+    # one rank: the partitioned save writes 12 B per parameter, a 16-bit save 2 B: the 16-bit saves stall less
+    one = planning.plan("llama-3-8b", 1, bw)
+    cheapest = min(one, key=lambda r: r["stall s"])["mode"]
+    assert cheapest in ("gathered16", "per_param")
+    assert planning.verdict(one, bw).split(" stalls training least")[0].endswith(f", {cheapest}")
+    many = planning.plan("llama-3-8b", 512, bw)
+    assert "N = 512" in planning.verdict(many, bw) and ", partitioned stalls training least" in planning.verdict(
+        many, bw)
+
+
+def test_deepspeed_estimate_is_explained_term_by_term():
+    table = planning.deepspeed_memory_check("llama-3-8b", gpus_per_node=8, nodes=2)
+    *terms, total = table
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    p, layer = 8_030_261_248, planning.largest_layer_numel("llama-3-8b")
+    assert total["DeepSpeed B"] == estimate_zero3_model_states_mem_needs(p, layer, 8, 2, cpu_offload=False,
+                                                                          cpu_offload_params=False)[1]
+    assert abs(sum(t["DeepSpeed B"] for t in terms) - total["DeepSpeed B"]) <= 1  # DeepSpeed rounds once
+    pred = predict("llama-3-8b", 16, "bf16")
+    assert total["ours B"] == 16 * pred.slice_numel == sum(t["ours B"] for t in terms)
+    assert layer == 128_256 * 4096  # the embedding (and the untied lm_head) is the largest module
+    expected = 16 * p / 16 / (18 * p / 16 + 4 * layer) - 1  # our 16 B against DeepSpeed's 18 B and 4 x largest layer
+    assert f"({expected:+.2%})" in planning.deepspeed_sentence(table)
+
+
+def synthetic_records(overhead: dict[str, float], bw: Bandwidths) -> list[dict]:
+    """Records whose seconds are the bandwidth terms plus a known fixed overhead per mode."""
+    out = []
+    for n in (1, 2, 3):
+        terms = planning.time_terms(predict("tiny", n), bw)
+        for mode, extra in overhead.items():
+            out.append({"model": "tiny", "mode": mode, "world_size": n, "rank": 0, "dtype": "fp32",
+                        "persistence_threshold": 0, "predicted_bytes": 1, "measured_payload_bytes": 1,
+                        "seconds": sum(terms[mode].values()) + extra})
+    return out
+
+
+def test_calibration_recovers_a_known_overhead_and_reports_misses():
+    bw = Bandwidths(1, 1, 1)
+    rows = planning.calibration(synthetic_records({"partitioned": 0.02, "offline": 0.2}, bw), bw)
+    assert len(rows) == 6
+    for r in rows:
+        assert r["fitted overhead s"] == pytest.approx(0.02 if r["mode"] == "partitioned" else 0.2)
+        assert abs(r["with overhead error"]) < 1e-9 and r["bandwidth-only error"] < -0.25
+    sentence = planning.calibration_sentence(rows)
+    assert "bandwidths alone put 0 of 6 within 25%" in sentence
+    assert "fitted on the other world sizes, 6 of 6" in sentence
+
+
+def test_calibration_on_the_shipped_measurements_has_exact_bytes():
+    rows = planning.calibration(planning.measured_records(), Bandwidths(1, 1, 1))
+    assert rows and all(r["bytes exact"] for r in rows)
+    assert {r["mode"] for r in rows} == {"partitioned", "gathered16", "per_param", "offline", "hf"}
+
+
+def run_costs(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["costs", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_costs_cli_plans_a_shipped_config_on_nodes(capsys):
+    code, out, _ = run_costs(capsys, "--config", "llama-3-8b", "--nodes", "2", "--gpus_per_node", "4",
+                             "--dtype", "bf16", "--write_gbps", "1", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["world_size"] == 8 and data["num_params"] == 8_030_261_248
+    assert [r["mode"] for r in data["plan"]] == ["partitioned", "gathered16", "per_param", "offline"]
+    assert "stalls training least" in data["verdict"]
+
+
+def test_costs_cli_takes_a_config_folder(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(planning.config_file("gpt2-xl").read_text())
+    code, out, _ = run_costs(capsys, "--config", str(tmp_path), "--nproc", "8", "4096", "--gather_16bit", "off")
+    table_modes = {line.split()[1] for line in out.splitlines() if line.split()[:1] in (["8"], ["4,096"])}
+    assert code == 0 and "P = 1,557,611,200" in out and table_modes == {"partitioned", "per_param", "offline"}
+    assert out.count("stalls training least") == 2
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "no config.json at"),
+    ("vision", "is not the config of a causal LM transformers ships (model_type 'vit')"),
+    ("not json", "is not JSON"),
+    ("nodes alone", "give --nodes and --gpus_per_node together"),
+    ("zero bandwidth", "bandwidths must be positive"),
+])
+def test_costs_cli_refuses_bad_input_in_one_line(case, expected, tmp_path, capsys):
+    (tmp_path / "vit.json").write_text(json.dumps({"model_type": "vit", "hidden_size": 64}))
+    (tmp_path / "bad.json").write_text("{not json")
+    argv = {"missing": ["--config", str(tmp_path / "nope.json")], "vision": ["--config", str(tmp_path / "vit.json")],
+            "not json": ["--config", str(tmp_path / "bad.json")], "nodes alone": ["--nodes", "2"],
+            "zero bandwidth": ["--config", "gpt2-xl", "--net_gbps", "0"]}[case]
+    code, out, err = run_costs(capsys, *argv)
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+def test_plan_widget_recomputes_on_change():
+    from zckpt_nb.widgets import PlanWidget
+
+    panel = PlanWidget(planning.shipped_configs(), config="llama-3-8b", n=8, bw=Bandwidths(2, 2, 25))
+    panel.refresh()
+    before = {r["mode"]: r["rank 0 writes B"] for r in panel.rows}
+    panel.n.value = 64  # observe() replans at once
+    after = {r["mode"]: r["rank 0 writes B"] for r in panel.rows}
+    assert after["partitioned"] < before["partitioned"] / 7 and after["per_param"] == before["per_param"]
+    panel.write.value = 0.0
+    assert panel.rows == [] and "bandwidths must be positive" in panel.sentence
