@@ -17,6 +17,7 @@ def partition_row(run: Any) -> dict[str, Any]:
             "held per rank": max(held), "persistent per rank": max(r["held"]["persistent"] for r in run.ranks),
             "written per rank": max(sum(f["bytes"] for f in r["files"]) for r in run.ranks),
             "save collective bytes per rank": max((c["comm_bytes"] or 0 for c in saves), default=0),
+            "protocol bytes per rank": max((c.get("protocol_comm_bytes", 0) for c in saves), default=0),
             "save collective ops": ", ".join(sorted({f"{o['count']} x {op}" for c in saves
                                                     for op, o in c["comm_ops"].items()})) or "none logged"}
 
@@ -55,9 +56,11 @@ def whole_model_sentence(rows: list[dict[str, Any]]) -> str:
 
 def save_comm_sentence(rows: list[dict[str, Any]]) -> str:
     """The partitioned save's collective bytes per rank, as DeepSpeed's comms logger recorded them."""
-    return "The partitioned save's collectives per rank (DeepSpeed's comms logger): " + "; ".join(
+    return "The partitioned save's collectives per rank (DeepSpeed's comms logger), plus the commit protocol's own " \
+        "object collectives (all_gather_object, broadcast_object_list), which that logger does not see: " + "; ".join(
         f"N = {r['N']}, threshold {r['threshold']:,}: {r['save collective bytes per rank']:,} B "
-        f"({r['save collective ops']})" for r in sorted(rows, key=lambda r: (r["threshold"], r["N"]))) + "."
+        f"({r['save collective ops']}) + {r.get('protocol bytes per rank', 0):,} B"
+        for r in sorted(rows, key=lambda r: (r["threshold"], r["N"]))) + "."
 
 
 def threshold_sentence(a: dict[str, Any], b: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import faults
+from zckpt_nb import faults, measure
 from zckpt_nb.verify import (
     FORMAT,
     MANIFEST,
@@ -306,6 +306,7 @@ def gather(obj: Any) -> list[Any]:
 
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
+    measure.count_object_collective(out)  # DeepSpeed's comms logger does not see torch's object collectives
     return out
 
 
@@ -315,6 +316,7 @@ def from_rank0(obj: Any) -> Any:
 
     box = [obj]
     dist.broadcast_object_list(box, src=0)
+    measure.count_object_collective(box)
     return box[0]
 
 

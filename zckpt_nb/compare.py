@@ -76,6 +76,7 @@ def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) ->
             # live heap above the start on CPU (RSS hides reused pages), allocator peak on GPU
             "measured_extra_peak_bytes": cost.get("heap_extra_peak_bytes") or cost["extra_peak_bytes"],
             "seconds": cost["seconds"], "logged_comm_bytes": cost["comm_bytes"],
+            "protocol_comm_bytes": cost.get("protocol_comm_bytes", 0),
             "logged_comm_ops": {op: v["count"] for op, v in cost["comm_ops"].items()},
             "logged_comm_op_bytes": {op: v["bytes"] for op, v in cost["comm_ops"].items() if v["bytes"]}}
 
@@ -235,6 +236,7 @@ def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "file KiB": round(r["measured_bytes"] / kib, 1),
              "collective KiB (pred / logged)": f"{r['predicted_comm_bytes'] / kib:,.1f} / "
                                                f"{(r['logged_comm_bytes'] or 0) / kib:,.1f}",
+             "commit protocol's object collectives KiB": round(r.get("protocol_comm_bytes", 0) / kib, 1),
              "peak RSS MiB": round(r["peak_memory_bytes"] / 2**20, 1),
              "extra peak MiB (pred / meas)": f"{r['predicted_extra_peak_bytes'] / 2**20:.2f} / "
                                              f"{r['measured_extra_peak_bytes'] / 2**20:.2f}",

@@ -21,6 +21,7 @@ from typing import Any
 
 MODES = ("partitioned", "gathered16", "per_param", "offline", "hf")
 _device_peak_before_resets = 0  # GPU peak seen before a save reset the counter (for run.json's run-wide peak)
+OBJECT_COLLECTIVES = {"ops": 0, "bytes": 0}  # this process's torch object collectives (the commit protocol's)
 
 
 @dataclass
@@ -38,6 +39,8 @@ class SaveCost:
     memory_kind: str = "rss"  # "rss" (CPU) or "cuda_allocated"
     heap_extra_peak_bytes: int | None = None  # host heap allocations at their peak, above the start (glibc only)
     bytes_read: int = 0  # size of the checkpoint files a route loads (offline conversion, HF export)
+    protocol_comm_ops: int = 0  # the commit protocol's object collectives during the save (not in the comms logger)
+    protocol_comm_bytes: int = 0  # their pickled payload, as every rank holds it after the call
     files: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +142,18 @@ def device_peak_bytes() -> int:
     return max(_device_peak_before_resets, int(torch.cuda.max_memory_allocated()))
 
 
+def count_object_collective(objects: list[Any]) -> None:
+    """Record one all_gather_object or broadcast_object_list: the pickled bytes of what every rank holds after it.
+
+    torch pickles each object into a byte tensor and moves those (plus one int64 size per object); DeepSpeed's comms
+    logger never sees these calls, so the commit protocol's own traffic is counted here.
+    """
+    import pickle
+
+    OBJECT_COLLECTIVES["ops"] += 1
+    OBJECT_COLLECTIVES["bytes"] += sum(len(pickle.dumps(o)) + 8 for o in objects)
+
+
 def comm_counts() -> dict[str, dict[int, int]] | None:
     """DeepSpeed's comms-logger record on this rank so far: op -> {message size in bytes: count}.
 
@@ -176,7 +191,7 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
             device: str = "cpu", read: Iterable[Path] = ()) -> SaveCost:
     """Run `save()` and return its SaveCost; `written()` lists the files this rank wrote (called afterwards)."""
     on_gpu = device.startswith("cuda")
-    before = comm_counts()
+    before, objects = comm_counts(), dict(OBJECT_COLLECTIVES)
     with HostMemory() as host, (PeakCuda() if on_gpu else contextlib.nullcontext()) as gpu:
         start = time.perf_counter()
         save()
@@ -188,7 +203,9 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
                     extra_peak_bytes=int(peak - base), bytes_written=sum(p.stat().st_size for p in paths),
                     comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
                     memory_kind="cuda_allocated" if on_gpu else "rss", heap_extra_peak_bytes=host.heap_extra,
-                    bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in paths])
+                    bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in paths],
+                    protocol_comm_ops=OBJECT_COLLECTIVES["ops"] - objects["ops"],
+                    protocol_comm_bytes=OBJECT_COLLECTIVES["bytes"] - objects["bytes"])
 
 
 def measure_partitioned(save: Callable[[], Any], output_dir: str | Path, *, step: int, rank: int,
