@@ -13,7 +13,7 @@ import pytest
 
 from zckpt_nb import claims, compare, faults, verify
 from zckpt_nb.cli import build_parser, worker_flags
-from zckpt_nb.costs import exact_ratio, persistent, predict
+from zckpt_nb.costs import exact_ratio, meta_model, persistent, predict, tensor_numels
 from zckpt_nb.launch import LaunchError, UsageError, launch, rank_lines
 from zckpt_nb.model import deepspeed_persistence_default, ln_vocab
 from zckpt_nb.notebooks import check_parameters, parameter_names
@@ -55,12 +55,14 @@ def test_op_differences_list_the_ops_that_differ_with_both_figures():
 
 
 def test_exact_ratio_and_persistent_tensors():
-    assert exact_ratio(242_880, 3) == "80,960" and exact_ratio(10, 3) == "3 1/3"
+    assert exact_ratio(426_048, 3) == "142,016" and exact_ratio(10, 3) == "3 1/3"
     assert persistent((5, 100, 100_001), 100_000) == (5, 100) and persistent((5,), 0) == ()
     assert deepspeed_persistence_default() == 100_000
     one, two = predict("tiny", 1, persistence_threshold=10**5), predict("tiny", 2, persistence_threshold=10**5)
     assert one.partitioned["regather_bytes_per_rank"] == 0  # one rank has nothing to gather
-    assert two.held_numel == two.slice_numel + two.num_params  # every tensor of tiny is persistent
+    kept = persistent(tensor_numels("tiny"), 10**5)
+    assert 0 < len(kept) < two.num_tensors  # tiny's embedding is above DeepSpeed's default threshold, the rest below
+    assert two.held_numel == two.slice_numel + sum(kept) and two.persistent_tensors == len(kept)
     assert predict("tiny", 3).padding_numel > 0  # what notebook 01 shows at N = 3
 
 
@@ -99,7 +101,8 @@ def test_persistence_threshold_changes_what_ranks_hold_and_what_a_save_gathers(p
     pred = predict("tiny", 2, persistence_threshold=deepspeed_persistence_default())
     for r in persistent_run.ranks:
         assert r["held"]["owned"] + r["held"]["persistent"] == pred.held_numel > persistent_run.num_params
-        assert r["state_dict"]["empty"] == 0  # whole tensors, not placeholders
+        # placeholders only where a tensor is partitioned: the embedding (twice: wte and the tied lm_head)
+        assert r["state_dict"]["empty"] == sum(t.numel() > 10**5 for t in meta_model("tiny").state_dict().values())
     for r in full_run.ranks:
         assert r["held"] == {"owned": predict("tiny", 2).slice_numel, "persistent_tensors": 0, "persistent": 0}
         assert r["state_dict"]["empty"] == r["state_dict"]["tensors"]  # ZeRO-3 placeholders
