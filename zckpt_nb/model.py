@@ -99,8 +99,8 @@ def ds_config(
         "zero_optimization": {
             "stage": 3,
             # Tensors of at most this many elements stay whole on every rank ("persistent"). The package teaches
-            # with 0, so each rank holds exactly its P/N share; DeepSpeed's default (1e5) keeps every tensor of
-            # `tiny` whole and re-gathers them after each save. Notebook 01 measures both.
+            # with 0, so each rank holds exactly its P/N share; DeepSpeed's default (1e5) keeps all of `tiny` but
+            # its embedding whole and re-gathers them after each save. Notebook 01 measures both.
             "stage3_param_persistence_threshold": persistence_threshold,
             "stage3_gather_16bit_weights_on_model_save": gather_16bit_on_save,
             "overlap_comm": False,
