@@ -5,16 +5,15 @@ The folder holds `config.json`, `generation_config.json`, the weights as safeten
 `pipeline("text-generation", model=dir)` load it in a process that never imports DeepSpeed.
 
 Tied weights: GPT-2's `lm_head.weight` *is* `transformer.wte.weight`. safetensors refuses two names for one storage,
-which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. We let transformers'
-own `save_pretrained` write the weights: it knows the model's tied keys and stores the matrix once.
+which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. The export builds the
+model on the `meta` device to learn its tied keys and stores the matrix once, as transformers' `save_pretrained` does,
+writing one output shard at a time (`zckpt_nb.streaming`).
 
 This module imports neither DeepSpeed nor torch at import time, so `generate` and `reload_check` stay DeepSpeed-free.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -152,32 +151,6 @@ def model_config(ckpt_dir: Path) -> Any:
                      "save the checkpoint with zckpt_nb, or put the model's config.json beside 'latest'")
 
 
-def full_model(ckpt_dir: Path, tag: str) -> Any:
-    """The full model on CPU in fp32, its weights from DeepSpeed's `zero_to_fp32` reading every rank's shards.
-
-    Built on the meta device and filled with `load_state_dict(assign=True)`: the weights are held once, not twice.
-    """
-    import torch
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from transformers import AutoModelForCausalLM
-
-    config = model_config(ckpt_dir)
-    try:  # DeepSpeed's converter prints progress bars; the export reports in one line of its own
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag)
-    except Exception as e:  # truncated or inconsistent shards: one line naming the checkpoint
-        raise UsageError(f"cannot convert checkpoint {ckpt_dir / tag}: {first_line(e)}; a shard file may be "
-                         "truncated or corrupt (python -m zckpt_nb inspect lists every rank's files)") from None
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as e:
-        raise UsageError(f"checkpoint {ckpt_dir / tag} does not fit config.json: {first_line(e)}") from None
-    model.tie_weights()  # assign=True gave lm_head its own Parameter object; share wte's again
-    return model.eval()
-
-
 def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
     """Save the checkpoint's tokenizer so transformers 4 and 5 both load it, its maximum length the model's context."""
     from transformers import AutoTokenizer
@@ -205,13 +178,13 @@ def share_permissions(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: str | int, name: str) -> None:
-    """Write the model (transformers' save_pretrained: safetensors, tied weights once), tokenizer and model card."""
+def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str) -> None:
+    """Write the weights (one safetensors shard in memory at a time, tied weights once), tokenizer and model card."""
     from zckpt_nb.inspect import rank_files
     from zckpt_nb.model_card import run_facts, write_card
+    from zckpt_nb.streaming import write_weights
 
-    model = full_model(ckpt_dir, tag)
-    model.save_pretrained(str(dest), max_shard_size=max_shard_size)
+    model = write_weights(ckpt_dir, tag, model_config(ckpt_dir), dest, max_shard_size)
     tokenizer = write_tokenizer(ckpt_dir, dest, model.config.max_position_embeddings)  # GPT-2's n_positions
     world_size = saved_world_size(rank_files(ckpt_dir / tag)[0]["model"])
     write_card(dest, run_facts(ckpt_dir, tag, model, tokenizer, world_size), name)
@@ -239,12 +212,12 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
     tag = check_checkpoint(ckpt_dir, tag)
     check_out_dir(out_dir, ckpt_dir, overwrite)
-    check_shard_size(max_shard_size)
+    shard_bytes = check_shard_size(max_shard_size)
     created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        write_export(ckpt_dir, tag, tmp, max_shard_size, out_dir.name)
+        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name)
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
