@@ -254,6 +254,80 @@ def test_export_replaces_only_a_previous_export_and_only_with_overwrite(routes_r
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "model"]  # no temporary folder left behind
 
 
+# --- an export that loads everywhere: portable tokenizer, its context, shared modes, a model card ---
+
+def test_export_tokenizer_is_portable_and_limited_to_the_model_context(hf):
+    from transformers import AutoConfig, AutoTokenizer
+
+    saved = json.loads((hf[0] / "tokenizer_config.json").read_text())
+    context = AutoConfig.from_pretrained(hf[0]).n_positions
+    # transformers 4.x does not know TokenizersBackend (benchmarks/load_with_transformers4.py loads this name)
+    assert saved["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert saved["model_max_length"] == context == 64 and "is_local" not in saved
+    assert AutoTokenizer.from_pretrained(hf[0]).model_max_length == context
+
+
+def long_prompt(tokenizer, tokens):
+    """Corpus text of exactly `tokens` tokens."""
+    from zckpt_nb.data import corpus_text
+
+    ids = tokenizer(corpus_text()[:4000])["input_ids"][:tokens]
+    prompt = tokenizer.decode(ids)
+    assert len(tokenizer(prompt)["input_ids"]) == tokens
+    return prompt
+
+
+def test_generate_refuses_a_prompt_that_does_not_fit_the_context(hf):
+    from transformers import AutoTokenizer
+
+    from zckpt_nb.export import generate
+    from zckpt_nb.launch import UsageError
+
+    tokenizer = AutoTokenizer.from_pretrained(hf[0])
+    done = cli("generate", str(hf[0]), "--prompt", long_prompt(tokenizer, 60), "--max_new_tokens", "10")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [  # one line: the count, the room left, the context
+        "zckpt_nb generate: error: the prompt is 60 tokens; with --max_new_tokens 10 it may be at most 54 (the "
+        "model's context is 64 tokens): shorten it or lower --max_new_tokens"]
+    with pytest.raises(UsageError, match="leaves no room for a prompt"):
+        generate(hf[0], "The keeper", max_new_tokens=64)
+    fits = long_prompt(tokenizer, 54)  # the longest prompt that fits generates without an IndexError
+    assert generate(hf[0], fits, max_new_tokens=10).startswith(fits)
+
+
+def test_export_folder_and_files_get_the_modes_of_the_process_umask(routes_run, tmp_path):
+    for umask, folder_mode, file_mode in ((0o022, 0o755, 0o644), (0o027, 0o750, 0o640)):
+        out = tmp_path / f"umask{umask:03o}"
+        done = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(routes_run.output_dir), str(out)],
+                              capture_output=True, text=True, timeout=300, umask=umask)
+        assert done.returncode == 0, done.stderr
+        assert out.stat().st_mode & 0o777 == folder_mode
+        modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+        assert "model.safetensors" in modes and set(modes.values()) == {file_mode}, modes
+
+
+def test_model_card_states_the_run_facts_and_the_hub_front_matter(routes_run, hf):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from zckpt_nb.verify import MANIFEST, sha256_file
+
+    card = (hf[0] / "README.md").read_text()
+    front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
+    assert {"library_name: transformers", "pipeline_tag: text-generation", "license: mit"} <= set(front.splitlines())
+    tag = routes_run.data["latest_tag"]
+    rows = dict(line.strip("|").split(" | ", 1) for line in body.splitlines() if line.startswith("| "))
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["source checkpoint tag"] == tag
+    sha = sha256_file(routes_run.output_dir / tag / MANIFEST)
+    assert rows["SHA-256 of the tag's `zckpt_manifest.json`"] == f"`{sha}`"
+    assert rows["preset"] == "tiny" and rows["world size (ranks that trained and saved it)"] == "2"
+    assert rows["training steps"] == str(STEPS) and rows["loss at the last step"] == f"{routes_run.losses[-1]:.4f}"
+    assert rows["parameters"].startswith(f"{routes_run.num_params:,} ")
+    entries, vocab = len(AutoTokenizer.from_pretrained(hf[0])), AutoConfig.from_pretrained(hf[0]).vocab_size
+    assert entries < vocab and f"The tokenizer has {entries} entries; the model's vocabulary has {vocab} rows" in card
+    assert f'from_pretrained("{hf[0].name}")' in card
+
+
 def test_generate_refuses_a_folder_that_is_not_a_model(tmp_path):
     done = cli("generate", str(tmp_path), "--prompt", "The keeper")
     assert done.returncode == 2 and "not a Hugging Face model folder" in done.stderr

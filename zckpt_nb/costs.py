@@ -158,8 +158,8 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
     partitioned = {"per_rank_bytes": [write] * n, "total_bytes": write * n,
                    "tag_check_bytes_per_rank": TAG_CHECK_BYTES, "regather_bytes_per_rank": regather,
                    **with_ops({"all_reduce": TAG_CHECK_BYTES, "all_gather_into_tensor": regather})}
-    # zero_to_fp32 (offline, and the export through it) joins every rank's flat fp32 partitions, then cuts the
-    # state dict out of them: two fp32 copies of the model in one process
+    # zero_to_fp32 (offline) joins every rank's flat fp32 partitions, then cuts the state dict out of them: two fp32
+    # copies of the model in one process
     offline_memory = memory({"fp32 state dict": FP32 * p, "joined flat fp32 partitions": FP32 * n * s}, {})
     return Prediction(
         model=name, world_size=n, dtype=dtype, persistence_threshold=persistence_threshold, num_params=p,
@@ -179,7 +179,9 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
                              "the largest tensor, gathered": largest_tensor},
                             {"two buffers of the largest tensor, gathered": 2 * largest_tensor})},
         offline={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **offline_memory},
-        hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **offline_memory},
+        # the export materialises one output shard at a time: the whole fp32 model below max_shard_size (5 GB)
+        hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}),
+            **memory({"one output shard (the fp32 model, below the default 5 GB max_shard_size)": FP32 * p}, {})},
     )
 
 

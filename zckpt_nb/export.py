@@ -5,16 +5,15 @@ The folder holds `config.json`, `generation_config.json`, the weights as safeten
 `pipeline("text-generation", model=dir)` load it in a process that never imports DeepSpeed.
 
 Tied weights: GPT-2's `lm_head.weight` *is* `transformer.wte.weight`. safetensors refuses two names for one storage,
-which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. We let transformers'
-own `save_pretrained` write the weights: it knows the model's tied keys and stores the matrix once.
+which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. The export builds the
+model on the `meta` device to learn its tied keys and stores the matrix once, as transformers' `save_pretrained` does,
+writing one output shard at a time (`zckpt_nb.streaming`).
 
 This module imports neither DeepSpeed nor torch at import time, so `generate` and `reload_check` stay DeepSpeed-free.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -34,10 +33,15 @@ FILE_ROLES = {
     "model.safetensors.index.json": "which tensor lives in which shard, written when weights exceed max_shard_size",
     "model-*-of-*.safetensors": "one shard of the weights, each at most max_shard_size",
     "tokenizer.json": "the trained byte-level BPE tokenizer: vocabulary, merges, pre-tokenizer, special tokens",
-    "tokenizer_config.json": "tokenizer class, special tokens (bos/eos/pad), max length; transformers 5 keeps the "
-                             "special tokens here, so it writes no special_tokens_map.json",
+    "tokenizer_config.json": "tokenizer class (one transformers 4 and 5 both load), special tokens (bos/eos/pad), "
+                             "max length (the model's context); transformers 5 keeps the special tokens here, so it "
+                             "writes no special_tokens_map.json",
     "chat_template.jinja": "the chat template, if the tokenizer has one",
+    "README.md": "the model card: the run's facts (preset, steps, loss, ranks, source tag and its manifest's "
+                 "SHA-256), how to load it, and the front matter the Hugging Face Hub reads",
 }
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer_class that transformers 4.x and 5 both load
+LOADING_KEYS = ("is_local", "local_files_only")  # how transformers 5 loaded the checkpoint's tokenizer, not settings
 
 
 def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
@@ -147,38 +151,44 @@ def model_config(ckpt_dir: Path) -> Any:
                      "save the checkpoint with zckpt_nb, or put the model's config.json beside 'latest'")
 
 
-def full_model(ckpt_dir: Path, tag: str) -> Any:
-    """The full model on CPU in fp32, its weights from DeepSpeed's `zero_to_fp32` reading every rank's shards.
-
-    Built on the meta device and filled with `load_state_dict(assign=True)`: the weights are held once, not twice.
-    """
-    import torch
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from transformers import AutoModelForCausalLM
-
-    config = model_config(ckpt_dir)
-    try:  # DeepSpeed's converter prints progress bars; the export reports in one line of its own
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag)
-    except Exception as e:  # truncated or inconsistent shards: one line naming the checkpoint
-        raise UsageError(f"cannot convert checkpoint {ckpt_dir / tag}: {first_line(e)}; a shard file may be "
-                         "truncated or corrupt (python -m zckpt_nb inspect lists every rank's files)") from None
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as e:
-        raise UsageError(f"checkpoint {ckpt_dir / tag} does not fit config.json: {first_line(e)}") from None
-    model.tie_weights()  # assign=True gave lm_head its own Parameter object; share wte's again
-    return model.eval()
-
-
-def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: str | int) -> None:
-    """Write the model (transformers' save_pretrained: safetensors, tied weights once) and the tokenizer."""
+def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
+    """Save the checkpoint's tokenizer so transformers 4 and 5 both load it, its maximum length the model's context."""
     from transformers import AutoTokenizer
 
-    full_model(ckpt_dir, tag).save_pretrained(str(dest), max_shard_size=max_shard_size)
-    AutoTokenizer.from_pretrained(str(ckpt_dir)).save_pretrained(str(dest))
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
+    tokenizer.model_max_length = context  # the tokenizer was trained with no limit; the model has one
+    tokenizer.save_pretrained(str(dest))
+    # transformers 5 writes its class name, TokenizersBackend, which 4.x does not know; both versions load
+    # PreTrainedTokenizerFast from tokenizer.json alone (5 maps that name to TokenizersBackend)
+    path = dest / "tokenizer_config.json"
+    config = {k: v for k, v in json.loads(path.read_text()).items() if k not in LOADING_KEYS}
+    config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return tokenizer
+
+
+def share_permissions(folder: Path) -> None:
+    """Give `folder` and its files the modes of any save under this umask (0755/0644 under 022).
+
+    mkdtemp makes the folder 0700 and safetensors creates its files 0600: private to us, unlike a shared model.
+    """
+    mask = os.umask(0)
+    os.umask(mask)  # reading the umask means setting it; put it straight back
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str) -> None:
+    """Write the weights (one safetensors shard in memory at a time, tied weights once), tokenizer and model card."""
+    from zckpt_nb.inspect import rank_files
+    from zckpt_nb.model_card import run_facts, write_card
+    from zckpt_nb.streaming import write_weights
+
+    model = write_weights(ckpt_dir, tag, model_config(ckpt_dir), dest, max_shard_size)
+    tokenizer = write_tokenizer(ckpt_dir, dest, model.config.max_position_embeddings)  # GPT-2's n_positions
+    world_size = saved_world_size(rank_files(ckpt_dir / tag)[0]["model"])
+    write_card(dest, run_facts(ckpt_dir, tag, model, tokenizer, world_size), name)
+    share_permissions(dest)
 
 
 def replace_dir(new: Path, target: Path) -> None:
@@ -202,12 +212,12 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
     tag = check_checkpoint(ckpt_dir, tag)
     check_out_dir(out_dir, ckpt_dir, overwrite)
-    check_shard_size(max_shard_size)
+    shard_bytes = check_shard_size(max_shard_size)
     created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        write_export(ckpt_dir, tag, tmp, max_shard_size)
+        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name)
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -249,13 +259,27 @@ def check_model_dir(model_dir: Path) -> None:
 
 def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> str:
     """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation."""
-    from transformers import pipeline
+    from transformers import AutoConfig, AutoTokenizer, pipeline
 
     check_model_dir(Path(model_dir))
     if max_new_tokens < 1:
         raise UsageError(f"--max_new_tokens must be at least 1 (got {max_new_tokens})")
-    pipe = pipeline("text-generation", model=str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))  # checked before any weight is loaded
+    context = AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings  # GPT-2's n_positions
+    check_fits(len(tokenizer(prompt, verbose=False)["input_ids"]), max_new_tokens, context)
+    pipe = pipeline("text-generation", model=str(model_dir), tokenizer=tokenizer)
     return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False)[0]["generated_text"]
+
+
+def check_fits(prompt_tokens: int, max_new_tokens: int, context: int) -> None:
+    """Raise UsageError unless prompt and continuation fit the model's context (past it GPT-2 has no position)."""
+    room = context - max_new_tokens
+    if max_new_tokens >= context:
+        raise UsageError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context of "
+                         f"{context} tokens; ask for fewer than {context}")
+    if prompt_tokens > room:
+        raise UsageError(f"the prompt is {prompt_tokens} tokens; with --max_new_tokens {max_new_tokens} it may be at "
+                         f"most {room} (the model's context is {context} tokens): shorten it or lower --max_new_tokens")
 
 
 def load_model(model_dir: str | Path) -> Any:
