@@ -132,7 +132,7 @@ def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monk
 
 
 def test_save_that_cannot_fit_is_refused_and_abort_stops_every_rank(tmp_path):
-    with small_disk(tmp_path / "small", "size=6m") as disk:  # one tiny checkpoint fits, a second does not
+    with small_disk(tmp_path / "small", "size=10m") as disk:  # one tiny checkpoint fits, a second does not
         out = disk / "run"
         text = failed_launch(out, extra=["--on_save_error", "abort"])
         assert "save global_step8 failed" in text and "not enough free space" in text
