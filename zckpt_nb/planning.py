@@ -26,7 +26,7 @@ from zckpt_nb.costs import Prediction, module_numels, predict
 from zckpt_nb.launch import UsageError
 
 CONFIG_DIR = Path(__file__).with_name("configs")
-MEASURED = Path(__file__).with_name("data") / "measured_tiny_cpu_compare.json"
+MEASURED = Path(__file__).with_name("data") / "measured_cpu_compare.json"
 GB = 1e9
 GIB = 2**30
 # Published totals to check the shipped configs against: parameters and the bf16 weights' bytes (the
