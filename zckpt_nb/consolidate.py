@@ -198,6 +198,7 @@ def compare(candidate: dict[str, Any], reference: dict[str, Any]) -> dict[str, A
     import torch
 
     candidate = {n: t.detach() for n, t in candidate.items()}
+    reference = {n: t.detach() for n, t in reference.items()}  # either side may come from a live model
     missing = sorted(set(reference) - set(candidate))
     shared = [n for n in reference if n in candidate]
     bad_shape = sorted(n for n in shared if tuple(candidate[n].shape) != tuple(reference[n].shape))
