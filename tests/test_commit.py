@@ -321,3 +321,57 @@ def test_error_lines_name_errno_rank_and_path(tmp_path):
 def test_unknown_fault_point_is_refused():
     with pytest.raises(ValueError, match="shards, before_commit, latest, stall, fill"):
         faults.parse("explode:0:8")
+
+
+class Payload:
+    """Pickles as a call to os.system: unpickling it with weights_only=False creates `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def plant_payload(ckpt: Path, kind: str, marker: Path, forge: bool) -> Path:
+    """Rank 0's `kind` file keeps its content plus the payload; with `forge` the manifest gets its new size and hash."""
+    import torch
+
+    from zckpt_nb import safeload
+
+    path = ckpt / "global_step12" / f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt"
+    state = safeload.load(path)
+    state["extra"] = Payload(marker)
+    torch.save(state, path)
+    if forge:
+        manifest = json.loads((path.parent / MANIFEST).read_text())
+        for entry in manifest["files"]:
+            if entry["path"] == path.name:
+                entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
+        (path.parent / MANIFEST).write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["model", "optim"])
+@pytest.mark.parametrize("forge", [False, True], ids=["manifest-kept", "manifest-forged"])
+def test_a_malicious_pickle_is_refused_and_never_runs(copy, tmp_path, kind, forge):
+    marker = tmp_path / "PAYLOAD_RAN"
+    path = plant_payload(copy, kind, marker, forge)
+    said = "holds a type outside the allowlist" if forge else "the manifest says"  # the size check comes first
+    for command in (["export", str(copy), str(tmp_path / "hf")], ["inspect", str(copy)]):
+        done = subprocess.run([sys.executable, "-m", "zckpt_nb", *command], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 2 and str(path) in done.stderr and said in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    with pytest.raises(verify.CheckpointError, match=said):
+        checkpoint.run_zero_to_fp32(copy, tmp_path / "fp32")
+    text = failed_launch(copy, resume=True)
+    assert path.name in text and said in text
+    assert not marker.exists(), "the payload ran"
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "fp32").exists()
+    import torch
+
+    torch.load(path, weights_only=False)  # what DeepSpeed's own load does: the payload is live
+    assert marker.exists()

@@ -222,7 +222,7 @@ def bad_checkpoint(kind, src, tmp_path):
 @pytest.mark.parametrize("kind, extra, message", [
     ("not_a_checkpoint", [], "not a ZeRO checkpoint"),
     ("good", ["--tag", "global_step999"], "tag global_step999 does not exist"),
-    ("missing_rank_file", [], "incomplete checkpoint"),
+    ("missing_rank_file", [], "is missing (rank 1's file)"),  # the manifest names it before anything is read
     ("truncated_shard", [], "truncated or rewritten"),  # the manifest check (issue 5) names it first
     ("no_tokenizer", [], "has no tokenizer.json"),
     ("good", ["--max_shard_size", "lots"], "is not a size"),
