@@ -375,3 +375,46 @@ def test_a_malicious_pickle_is_refused_and_never_runs(copy, tmp_path, kind, forg
 
     torch.load(path, weights_only=False)  # what DeepSpeed's own load does: the payload is live
     assert marker.exists()
+
+
+def other_preset_config(ckpt: Path) -> None:
+    from zckpt_nb.model import gpt2_config
+
+    gpt2_config("small").save_pretrained(str(ckpt))
+
+
+def forge_shared(ckpt: Path, name: str) -> None:
+    """The manifest takes the edited shared file's new size and hash, as an attacker or a careless copy would."""
+    path, manifest_path = ckpt / name, ckpt / "global_step12" / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    [entry] = [e for e in manifest["shared"] if e["path"] == name]
+    entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
+    manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("tokenizer.json", lambda c: (c / "tokenizer.json").write_text((c / "tokenizer.json").read_text()
+                                                                    .replace('"<|endoftext|>"', '"<|end|>"', 1))),
+    ("config.json", other_preset_config),
+], ids=["edited-tokenizer", "other-preset-config"])
+def test_the_manifest_covers_the_tokenizer_and_config(copy, name, edit):
+    manifest = json.loads((copy / "global_step12" / MANIFEST).read_text())
+    assert [e["path"] for e in manifest["shared"]] == ["tokenizer.json", "tokenizer_config.json", "config.json"]
+    edit(copy)
+    changed = ("the manifest says", "does not match its SHA-256")  # the size, else the hash
+    done = verify_cli(copy)
+    assert done.returncode == 1 and f"{copy / name} " in done.stderr and any(c in done.stderr for c in changed)
+    text = failed_launch(copy, resume=True)
+    assert f"{copy / name} " in text and any(c in text for c in changed)
+    if name == "config.json":  # a manifest that vouches for the other config: resume compares it with --model
+        forge_shared(copy, name)
+        text = failed_launch(copy, resume=True)
+        assert f"{copy / name} describes" in text and "'n_embd': " in text and "this run's --model tiny is" in text
+
+
+def test_zero_to_fp32_script_must_be_deepspeeds_own(copy, tmp_path):
+    with (copy / "zero_to_fp32.py").open("a") as f:
+        f.write("\nimport os; os.system('touch PAYLOAD')\n")
+    with pytest.raises(verify.CheckpointError, match="differs from DeepSpeed's own"):
+        checkpoint.run_zero_to_fp32(copy, tmp_path / "fp32")
+    assert not (tmp_path / "fp32").exists()

@@ -14,6 +14,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.verify import SHARED_FILES  # written once, beside the tags; the manifest lists them
+
 CLIENT_KEY = "zckpt"  # our entry inside DeepSpeed's client_state
 
 
@@ -48,8 +50,6 @@ def client_state(step: int, seed: int) -> dict[str, Any]:
     """
     return {CLIENT_KEY: {"step": step, "seed": seed, "rng": rng_state()}}
 
-
-SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")  # written once, beside the tags
 
 
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
@@ -137,13 +137,14 @@ def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float =
     """Run the `zero_to_fp32.py` DeepSpeed copied into `ckpt_dir`, as a user would; returns `out_dir`.
 
     Only the newest committed checkpoint is converted, after every file was checked against its manifest and
-    unpickled weights-only (the script itself loads with weights_only=False).
+    unpickled weights-only (the script itself loads with weights_only=False), and the script is DeepSpeed's own.
     """
-    from zckpt_nb.safeload import check_files
+    from zckpt_nb.safeload import check_files, check_script
     from zckpt_nb.verify import newest_committed
 
     tag = newest_committed(ckpt_dir, "converting")
     check_files(ckpt_dir, tag)
+    check_script(ckpt_dir)
     done = zero_to_fp32_script(ckpt_dir, out_dir, "--tag", tag, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"zero_to_fp32.py failed on {ckpt_dir}: {done.stderr.strip().splitlines()[-1]}")

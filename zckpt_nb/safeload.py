@@ -8,6 +8,7 @@ plain containers plus only the non-tensor types DeepSpeed 0.19.8 and our client 
 - `load`: one file, weights-only (inspect, export's world size);
 - `check_files`: every rank file of a tag unpickled weights-only before DeepSpeed's own converter reads the same
   bytes with `weights_only=False` (export, `run_zero_to_fp32`);
+- `check_script`: the `zero_to_fp32.py` about to be run is DeepSpeed's own;
 - `WeightsOnlyLoader`: a `CheckpointEngine` whose `load` is weights-only, for `engine.load_checkpoint` (`--resume`).
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-from zckpt_nb.verify import CheckpointError, verify_tag
+from zckpt_nb.verify import CheckpointError, sha256_file, verify_tag
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's words for a type outside the allowlist
 _REASON = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")  # its words for any other refusal
@@ -74,6 +75,20 @@ def check_files(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
     for path in rank_paths(Path(ckpt_dir) / tag):
         load(path, mmap=True)
     return manifest
+
+
+def check_script(ckpt_dir: str | Path) -> Path:
+    """The `zero_to_fp32.py` beside the checkpoint, if it is byte for byte DeepSpeed's own; CheckpointError if not.
+
+    DeepSpeed rewrites it on every save, so the manifest cannot vouch for it; the installed copy can.
+    """
+    import deepspeed.utils.zero_to_fp32 as own
+
+    script = Path(ckpt_dir) / "zero_to_fp32.py"
+    if not script.is_file() or sha256_file(script) != sha256_file(own.__file__):
+        raise CheckpointError(f"{script} is missing or differs from DeepSpeed's own {own.__file__}; refusing to run "
+                              "it: copy DeepSpeed's file over it")
+    return script
 
 
 class WeightsOnlyLoader(CheckpointEngine):

@@ -29,6 +29,7 @@ from zckpt_nb.model import (
     count_params,
     ds_config,
     get_preset,
+    gpt2_config,
     held_elements,
     param_count,
     state_dict_placeholders,
@@ -211,6 +212,7 @@ def train(argv: list[str] | None = None) -> None:
     identity = {"model": args.model, "num_params": param_count(args.model)}
     if args.resume:  # before anything is built: the newest committed checkpoint, verified, for this world size
         resume_tag, note = commit.agreed_resume_tag(args.output_dir, identity)
+        verify.check_config(args.output_dir, gpt2_config(args.model).to_dict(), args.model)
         if note and rank == 0:
             print(note, flush=True)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
