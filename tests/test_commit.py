@@ -418,3 +418,14 @@ def test_zero_to_fp32_script_must_be_deepspeeds_own(copy, tmp_path):
     with pytest.raises(verify.CheckpointError, match="differs from DeepSpeed's own"):
         checkpoint.run_zero_to_fp32(copy, tmp_path / "fp32")
     assert not (tmp_path / "fp32").exists()
+
+
+def test_a_run_whose_saves_all_fail_ends_with_one_line_and_exit_1(tmp_path):
+    with small_disk(tmp_path / "tiny_disk", "size=3m") as disk:  # not even one checkpoint fits
+        out = disk / "run"
+        text = failed_launch(out)
+        assert "all 3 saves failed, so this run committed no checkpoint" in text and "not enough free space" in text
+        assert "Traceback" not in text
+        run_json = json.loads((out / "run.json").read_text())  # whole, and it says what failed
+        assert [f["step"] for f in run_json["failed_saves"]] == [4, 8, 12] and run_json["latest_tag"] is None
+        assert verify.committed_tags(out) == []
