@@ -429,3 +429,12 @@ def test_a_run_whose_saves_all_fail_ends_with_one_line_and_exit_1(tmp_path):
         run_json = json.loads((out / "run.json").read_text())  # whole, and it says what failed
         assert [f["step"] for f in run_json["failed_saves"]] == [4, 8, 12] and run_json["latest_tag"] is None
         assert verify.committed_tags(out) == []
+
+
+def test_a_run_json_that_cannot_be_written_is_one_line_and_exit_1(tmp_path):
+    out = tmp_path / "run"
+    (out / "run.json.tmp").mkdir(parents=True)  # run.json's temporary file cannot be opened (EISDIR)
+    text = failed_launch(out, 4)
+    assert "rank 0: run.json was not written (rank 0: EISDIR" in text and "Traceback" not in text
+    assert not (out / "run.json").exists(), "no half-written run.json"
+    assert verify.committed_tags(out) == ["global_step4"], "the save itself committed"

@@ -51,7 +51,6 @@ def client_state(step: int, seed: int) -> dict[str, Any]:
     return {CLIENT_KEY: {"step": step, "seed": seed, "rng": rng_state()}}
 
 
-
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
     """What rank 0 writes beside the checkpoints: the tokenizer, and config.json (what `export` rebuilds from)."""
     tokenizer.save_pretrained(folder)

@@ -58,13 +58,6 @@ def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> Any
         raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {str(e).strip()[:200]}") from None
 
 
-def rank_paths(tag_dir: Path) -> list[Path]:
-    """Every rank file in a tag folder (model and optimizer states)."""
-    from zckpt_nb.verify import RANK_FILE
-
-    return sorted(p for p in tag_dir.iterdir() if RANK_FILE.search(p.name))
-
-
 def check_files(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
     """Verify `tag` against its manifest, then unpickle each rank file weights-only (memory-mapped, then dropped).
 
@@ -72,8 +65,8 @@ def check_files(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
     Returns the manifest.
     """
     manifest = verify_tag(ckpt_dir, tag)
-    for path in rank_paths(Path(ckpt_dir) / tag):
-        load(path, mmap=True)
+    for entry in manifest["files"]:  # exactly the files just verified (verify_tag refuses any other rank file)
+        load(Path(ckpt_dir) / tag / entry["path"], mmap=True)
     return manifest
 
 
@@ -92,13 +85,17 @@ def check_script(ckpt_dir: str | Path) -> Path:
 
 
 class WeightsOnlyLoader(CheckpointEngine):
-    """DeepSpeed's checkpoint engine with `load` replaced by `load` above; everything else is the engine's own."""
+    """DeepSpeed's checkpoint engine with a weights-only `load`; create, save and commit are the engine's own.
+
+    The interface's other methods keep CheckpointEngine's defaults, which TorchCheckpointEngine does not override;
+    it stands in only for the duration of one `load_checkpoint` (`weights_only` below).
+    """
 
     def __init__(self, inner: CheckpointEngine) -> None:
         super().__init__()
         self.inner, self.name = inner, inner.name
 
-    def __getattr__(self, name: str) -> Any:  # makedirs, is_decoupled, ...: DeepSpeed's own engine
+    def __getattr__(self, name: str) -> Any:  # what the engine adds beyond the interface (zipfile_serialization)
         return getattr(self.inner, name)
 
     def create(self, info: Any) -> Any:

@@ -180,7 +180,7 @@ def ending_problem(saves: list[dict[str, Any]], failed: list[dict[str, Any]], ru
         problems.append(f"all {len(tried)} saves failed, so this run committed no checkpoint (the last: "
                         f"{failed[-1]['error']}); free space or choose another --output_dir")
     if run_json_error:
-        problems.append(f"run.json was not written ({run_json_error}); an earlier run.json, if any, is unchanged")
+        problems.append(f"run.json was not written ({run_json_error})")
     return "; ".join(problems) or None
 
 
