@@ -321,3 +321,120 @@ def test_error_lines_name_errno_rank_and_path(tmp_path):
 def test_unknown_fault_point_is_refused():
     with pytest.raises(ValueError, match="shards, before_commit, latest, stall, fill"):
         faults.parse("explode:0:8")
+
+
+class Payload:
+    """Pickles as a call to os.system: unpickling it with weights_only=False creates `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def plant_payload(ckpt: Path, kind: str, marker: Path, forge: bool) -> Path:
+    """Rank 0's `kind` file keeps its content plus the payload; with `forge` the manifest gets its new size and hash."""
+    import torch
+
+    from zckpt_nb import safeload
+
+    path = ckpt / "global_step12" / f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt"
+    state = safeload.load(path)
+    state["extra"] = Payload(marker)
+    torch.save(state, path)
+    if forge:
+        manifest = json.loads((path.parent / MANIFEST).read_text())
+        for entry in manifest["files"]:
+            if entry["path"] == path.name:
+                entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
+        (path.parent / MANIFEST).write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["model", "optim"])
+@pytest.mark.parametrize("forge", [False, True], ids=["manifest-kept", "manifest-forged"])
+def test_a_malicious_pickle_is_refused_and_never_runs(copy, tmp_path, kind, forge):
+    marker = tmp_path / "PAYLOAD_RAN"
+    path = plant_payload(copy, kind, marker, forge)
+    said = "holds a type outside the allowlist" if forge else "the manifest says"  # the size check comes first
+    for command in (["export", str(copy), str(tmp_path / "hf")], ["inspect", str(copy)]):
+        done = subprocess.run([sys.executable, "-m", "zckpt_nb", *command], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 2 and str(path) in done.stderr and said in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    with pytest.raises(verify.CheckpointError, match=said):
+        checkpoint.run_zero_to_fp32(copy, tmp_path / "fp32")
+    text = failed_launch(copy, resume=True)
+    assert path.name in text and said in text
+    assert not marker.exists(), "the payload ran"
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "fp32").exists()
+    import torch
+
+    torch.load(path, weights_only=False)  # what DeepSpeed's own load does: the payload is live
+    assert marker.exists()
+
+
+def other_preset_config(ckpt: Path) -> None:
+    from zckpt_nb.model import gpt2_config
+
+    gpt2_config("small").save_pretrained(str(ckpt))
+
+
+def forge_shared(ckpt: Path, name: str) -> None:
+    """The manifest takes the edited shared file's new size and hash, as an attacker or a careless copy would."""
+    path, manifest_path = ckpt / name, ckpt / "global_step12" / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    [entry] = [e for e in manifest["shared"] if e["path"] == name]
+    entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
+    manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name, edit", [
+    ("tokenizer.json", lambda c: (c / "tokenizer.json").write_text((c / "tokenizer.json").read_text()
+                                                                    .replace('"<|endoftext|>"', '"<|end|>"', 1))),
+    ("config.json", other_preset_config),
+], ids=["edited-tokenizer", "other-preset-config"])
+def test_the_manifest_covers_the_tokenizer_and_config(copy, name, edit):
+    manifest = json.loads((copy / "global_step12" / MANIFEST).read_text())
+    assert [e["path"] for e in manifest["shared"]] == ["tokenizer.json", "tokenizer_config.json", "config.json"]
+    edit(copy)
+    changed = ("the manifest says", "does not match its SHA-256")  # the size, else the hash
+    done = verify_cli(copy)
+    assert done.returncode == 1 and f"{copy / name} " in done.stderr and any(c in done.stderr for c in changed)
+    text = failed_launch(copy, resume=True)
+    assert f"{copy / name} " in text and any(c in text for c in changed)
+    if name == "config.json":  # a manifest that vouches for the other config: resume compares it with --model
+        forge_shared(copy, name)
+        text = failed_launch(copy, resume=True)
+        assert f"{copy / name} describes" in text and "'n_embd': " in text and "this run's --model tiny is" in text
+
+
+def test_zero_to_fp32_script_must_be_deepspeeds_own(copy, tmp_path):
+    with (copy / "zero_to_fp32.py").open("a") as f:
+        f.write("\nimport os; os.system('touch PAYLOAD')\n")
+    with pytest.raises(verify.CheckpointError, match="differs from DeepSpeed's own"):
+        checkpoint.run_zero_to_fp32(copy, tmp_path / "fp32")
+    assert not (tmp_path / "fp32").exists()
+
+
+def test_a_run_whose_saves_all_fail_ends_with_one_line_and_exit_1(tmp_path):
+    with small_disk(tmp_path / "tiny_disk", "size=3m") as disk:  # not even one checkpoint fits
+        out = disk / "run"
+        text = failed_launch(out)
+        assert "all 3 saves failed, so this run committed no checkpoint" in text and "not enough free space" in text
+        assert "Traceback" not in text
+        run_json = json.loads((out / "run.json").read_text())  # whole, and it says what failed
+        assert [f["step"] for f in run_json["failed_saves"]] == [4, 8, 12] and run_json["latest_tag"] is None
+        assert verify.committed_tags(out) == []
+
+
+def test_a_run_json_that_cannot_be_written_is_one_line_and_exit_1(tmp_path):
+    out = tmp_path / "run"
+    (out / "run.json.tmp").mkdir(parents=True)  # run.json's temporary file cannot be opened (EISDIR)
+    text = failed_launch(out, 4)
+    assert "rank 0: run.json was not written (rank 0: EISDIR" in text and "Traceback" not in text
+    assert not (out / "run.json").exists(), "no half-written run.json"
+    assert verify.committed_tags(out) == ["global_step4"], "the save itself committed"

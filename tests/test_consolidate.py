@@ -222,9 +222,9 @@ def bad_checkpoint(kind, src, tmp_path):
 @pytest.mark.parametrize("kind, extra, message", [
     ("not_a_checkpoint", [], "not a ZeRO checkpoint"),
     ("good", ["--tag", "global_step999"], "tag global_step999 does not exist"),
-    ("missing_rank_file", [], "incomplete checkpoint"),
+    ("missing_rank_file", [], "is missing (rank 1's file)"),  # the manifest names it before anything is read
     ("truncated_shard", [], "truncated or rewritten"),  # the manifest check (issue 5) names it first
-    ("no_tokenizer", [], "has no tokenizer.json"),
+    ("no_tokenizer", [], "tokenizer.json is missing"),  # the manifest lists it
     ("good", ["--max_shard_size", "lots"], "is not a size"),
 ])
 def test_export_refuses_bad_input_and_writes_nothing(routes_run, tmp_path, kind, extra, message):

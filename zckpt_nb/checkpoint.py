@@ -14,6 +14,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.verify import SHARED_FILES  # written once, beside the tags; the manifest lists them
+
 CLIENT_KEY = "zckpt"  # our entry inside DeepSpeed's client_state
 
 
@@ -49,9 +51,6 @@ def client_state(step: int, seed: int) -> dict[str, Any]:
     return {CLIENT_KEY: {"step": step, "seed": seed, "rng": rng_state()}}
 
 
-SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")  # written once, beside the tags
-
-
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
     """What rank 0 writes beside the checkpoints: the tokenizer, and config.json (what `export` rebuilds from)."""
     tokenizer.save_pretrained(folder)
@@ -83,8 +82,15 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
 
 
 def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
-    """Load model, optimizer, scheduler and our client state from `tag` (default `latest`); restore this rank's RNG."""
-    path, state = engine.load_checkpoint(str(output_dir), tag=tag)
+    """Load model, optimizer, scheduler and our client state from `tag` (default `latest`); restore this rank's RNG.
+
+    DeepSpeed's reads go through `safeload.weights_only`: a file holding anything but tensors and the types
+    DeepSpeed writes is refused before it can run code, even when its manifest was forged to match it.
+    """
+    from zckpt_nb import safeload
+
+    with safeload.weights_only(engine):
+        path, state = engine.load_checkpoint(str(output_dir), tag=tag)
     if path is None:
         raise FileNotFoundError(f"no checkpoint to resume from in {output_dir} (no 'latest' file)")
     ours = state[CLIENT_KEY]
@@ -129,12 +135,15 @@ def zero_to_fp32_script(ckpt_dir: str | Path, out_dir: str | Path, *args: str, t
 def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> Path:
     """Run the `zero_to_fp32.py` DeepSpeed copied into `ckpt_dir`, as a user would; returns `out_dir`.
 
-    Only the newest committed checkpoint is converted, after every file was checked against its manifest.
+    Only the newest committed checkpoint is converted, after every file was checked against its manifest and
+    unpickled weights-only (the script itself loads with weights_only=False), and the script is DeepSpeed's own.
     """
-    from zckpt_nb.verify import newest_committed, verify_tag
+    from zckpt_nb.safeload import check_files, check_script
+    from zckpt_nb.verify import newest_committed
 
     tag = newest_committed(ckpt_dir, "converting")
-    verify_tag(ckpt_dir, tag)
+    check_files(ckpt_dir, tag)
+    check_script(ckpt_dir)
     done = zero_to_fp32_script(ckpt_dir, out_dir, "--tag", tag, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"zero_to_fp32.py failed on {ckpt_dir}: {done.stderr.strip().splitlines()[-1]}")

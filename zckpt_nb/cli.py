@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import signal
 import sys
 from pathlib import Path
@@ -44,11 +45,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from zckpt_nb.inspect import format_inspection, inspect_checkpoint, inspection_json
+    from zckpt_nb.verify import CheckpointError
 
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout on import; keep --json clean
+        with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout on import; keep the output clean
             info = inspect_checkpoint(args.ckpt_dir, args.tag)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, CheckpointError) as e:
         raise UsageError(str(e)) from None
     print(inspection_json(info) if args.json else format_inspection(info))
     return 0

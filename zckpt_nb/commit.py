@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -34,11 +33,11 @@ from typing import Any
 
 from zckpt_nb import faults, measure
 from zckpt_nb.verify import (
-    FORMAT,
     MANIFEST,
     CheckpointError,
     committed_tags,
     file_record,
+    manifest_text,
     tag_to_resume,
     verify_tag,
 )
@@ -283,14 +282,6 @@ def first_errors(reports: list[dict[str, Any]]) -> str | None:
     return "; ".join(lines) if lines else None
 
 
-def manifest_text(tag: str, step: int, world: int, identity: dict[str, Any],
-                  reports: list[dict[str, Any]]) -> str:
-    """The manifest: format, tag, step, world size, model identity, and every rank's files."""
-    files = sorted((f for r in reports for f in r["files"]), key=lambda f: (f["rank"], f["path"]))
-    return json.dumps({"format": FORMAT, "tag": tag, "step": step, "world_size": world, "identity": identity,
-                       "files": files}, indent=1)
-
-
 def commit_on_rank0(save_dir: Path, tag: str, step: int, manifest: str) -> None:
     """Step 4: manifest, then `latest`, each by temporary file + fsync + rename."""
     tag_dir = save_dir / tag
@@ -361,7 +352,7 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
         discard(save_dir, tag, rank)
     elif rank == 0:
         try:
-            manifest = manifest_text(tag, step, dist.get_world_size(), identity, reports)
+            manifest = manifest_text(save_dir, tag, step, dist.get_world_size(), identity, reports)
             commit_on_rank0(save_dir, tag, step, manifest)
         except OSError as e:
             outcome["error"] = describe_error(e, e.filename or save_dir / tag, rank, "committing")

@@ -45,9 +45,11 @@ LOADING_KEYS = ("is_local", "local_files_only")  # how transformers 5 loaded the
 
 
 def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
-    """Raise UsageError unless `ckpt_dir` holds a complete ZeRO-3 checkpoint `tag`; return the tag."""
-    from zckpt_nb.inspect import rank_files
-    from zckpt_nb.verify import latest_name, tag_dirs
+    """Raise UsageError unless `ckpt_dir` holds a committed, intact ZeRO-3 checkpoint `tag`; return the tag.
+
+    Nothing is unpickled before every size and SHA-256 matches the manifest, and then only weights-only.
+    """
+    from zckpt_nb.verify import MANIFEST, committed_tags, latest_name, tag_dirs
 
     if not ckpt_dir.is_dir():
         raise UsageError(f"checkpoint dir {ckpt_dir} does not exist or is not a folder")
@@ -58,20 +60,13 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
                          f"tags found: {', '.join(tags) or 'none'}")
     if not (ckpt_dir / tag).is_dir():
         raise UsageError(f"tag {tag} does not exist in {ckpt_dir}; tags found: {', '.join(tags) or 'none'}")
-    files = rank_files(ckpt_dir / tag)
-    if 0 not in files or "model" not in files[0]:
-        raise UsageError(f"{ckpt_dir / tag} is not a ZeRO-3 checkpoint: no zero_pp_rank_0_mp_rank_00_model_states.pt")
-    world = saved_world_size(files[0]["model"])
-    for rank in range(world):
-        missing = [k for k in ("model", "optim") if k not in files.get(rank, {})]
-        if missing:
-            raise UsageError(f"incomplete checkpoint {ckpt_dir / tag}: rank {rank} of {world} has no "
-                             f"{' and no '.join(m + '_states file' for m in missing)}; the save did not finish on "
-                             "every rank, export another --tag")
+    if not (ckpt_dir / tag / MANIFEST).is_file():  # no sizes or hashes: nothing vouches for its files
+        raise UsageError(f"{ckpt_dir / tag} has no {MANIFEST}: the save never committed, so its files are "
+                         f"unverified; export a committed --tag ({', '.join(committed_tags(ckpt_dir)) or 'none'})")
+    check_manifest(ckpt_dir, tag)
     if not (ckpt_dir / "tokenizer.json").is_file():
         raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
     model_config(ckpt_dir)  # raises UsageError when there is nothing to rebuild the model from
-    check_manifest(ckpt_dir, tag)
     return tag
 
 
@@ -83,24 +78,21 @@ def newest_committed(ckpt_dir: Path) -> str | None:
 
 
 def check_manifest(ckpt_dir: Path, tag: str) -> None:
-    """Every file's size and SHA-256 against the manifest, when the commit protocol wrote one."""
-    from zckpt_nb.verify import MANIFEST, CheckpointError, verify_tag
+    """Every file's size and SHA-256 against the manifest, then every rank file unpickled weights-only."""
+    from zckpt_nb.safeload import check_files
+    from zckpt_nb.verify import CheckpointError
 
-    if (ckpt_dir / tag / MANIFEST).is_file():
-        try:
-            verify_tag(ckpt_dir, tag)
-        except CheckpointError as e:
-            raise UsageError(str(e)) from None
+    try:
+        check_files(ckpt_dir, tag)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
 
 
-def saved_world_size(model_states: Path) -> int:
-    """The data-parallel world size DeepSpeed recorded in rank 0's model-states file."""
-    import torch
+def saved_world_size(ckpt_dir: Path, tag: str) -> int:
+    """The data-parallel world size DeepSpeed recorded in rank 0's model-states file (read weights-only)."""
+    from zckpt_nb.safeload import load
 
-    try:  # DeepSpeed pickles its config objects: weights_only=False is required; mmap keeps it cheap
-        return int(torch.load(model_states, map_location="cpu", weights_only=False, mmap=True)["dp_world_size"])
-    except Exception as e:  # a truncated or foreign file: say which and why, in one line
-        raise UsageError(f"cannot read {model_states}: {first_line(e)}") from None
+    return int(load(ckpt_dir / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", mmap=True)["dp_world_size"])
 
 
 def first_line(error: BaseException) -> str:
@@ -180,13 +172,12 @@ def share_permissions(folder: Path) -> None:
 
 def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str) -> None:
     """Write the weights (one safetensors shard in memory at a time, tied weights once), tokenizer and model card."""
-    from zckpt_nb.inspect import rank_files
     from zckpt_nb.model_card import run_facts, write_card
     from zckpt_nb.streaming import write_weights
 
     model = write_weights(ckpt_dir, tag, model_config(ckpt_dir), dest, max_shard_size)
     tokenizer = write_tokenizer(ckpt_dir, dest, model.config.max_position_embeddings)  # GPT-2's n_positions
-    world_size = saved_world_size(rank_files(ckpt_dir / tag)[0]["model"])
+    world_size = saved_world_size(ckpt_dir, tag)
     write_card(dest, run_facts(ckpt_dir, tag, model, tokenizer, world_size), name)
     share_permissions(dest)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.costs import exact_ratio
-from zckpt_nb.verify import RANK_FILE, latest_name
+from zckpt_nb.verify import RANK_FILE, latest_name, verify_tag
 
 
 @dataclass
@@ -44,13 +44,6 @@ class CheckpointInfo:
         return asdict(self)
 
 
-def _load(path: Path) -> dict[str, Any]:
-    import torch
-
-    # DeepSpeed pickles non-tensor objects (enums, configs): weights_only=False is required.
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-
-
 def rank_files(tag_dir: Path) -> dict[int, dict[str, Path]]:
     """Map rank -> {'model': path, 'optim': path} for the files in one tag folder."""
     found: dict[int, dict[str, Path]] = {}
@@ -76,7 +69,9 @@ def tensor_bytes(obj: Any) -> int:
 
 def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
     """Sizes and element counts of one rank's files."""
-    loaded = {kind: _load(path) for kind, path in paths.items()}
+    from zckpt_nb.safeload import load
+
+    loaded = {kind: load(path, mmap=True) for kind, path in paths.items()}
     optim = loaded["optim"]["optimizer_state_dict"]
     moments = optim["optimizer_state_dict"]["state"].values()
     return RankShard(
@@ -89,15 +84,19 @@ def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
 
 
 def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> CheckpointInfo:
-    """Read every rank's shard of checkpoint `tag` (default: what `latest` names) in `ckpt_dir`."""
+    """Read every rank's shard of committed checkpoint `tag` (default: what `latest` names) in `ckpt_dir`.
+
+    The files are checked against the manifest (CheckpointError otherwise), then unpickled weights-only.
+    """
+    from zckpt_nb.safeload import load
+
     ckpt_dir = Path(ckpt_dir)
     tag = tag or latest_name(ckpt_dir)
     if tag is None or not (ckpt_dir / tag).is_dir():
         raise FileNotFoundError(f"no checkpoint {tag or '(latest)'} in {ckpt_dir}")
+    verify_tag(ckpt_dir, tag)
     files = rank_files(ckpt_dir / tag)
-    if not files:
-        raise FileNotFoundError(f"{ckpt_dir / tag} holds no zero_pp_rank_* files: not a ZeRO-3 checkpoint")
-    shapes = _load(files[0]["model"])["param_shapes"]
+    shapes = load(files[0]["model"], mmap=True)["param_shapes"]
     numels = [s.numel() for group in shapes for s in group.values()]
     return CheckpointInfo(str(ckpt_dir), tag, len(files), sum(numels), len(numels),
                           [read_shard(r, p) for r, p in sorted(files.items())])

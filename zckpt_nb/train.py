@@ -16,6 +16,7 @@ import resource
 import sys
 import time
 import warnings
+from contextlib import suppress
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -29,6 +30,7 @@ from zckpt_nb.model import (
     count_params,
     ds_config,
     get_preset,
+    gpt2_config,
     held_elements,
     param_count,
     state_dict_placeholders,
@@ -166,6 +168,22 @@ def report_failed_save(outcome: Any, args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+class RunIncomplete(RuntimeError):
+    """The run trained to the end but did not write what it was asked to: no save committed, or no run.json."""
+
+
+def ending_problem(saves: list[dict[str, Any]], failed: list[dict[str, Any]], run_json_error: str | None) -> str | None:
+    """One line when every save failed (a full or read-only disk to the end) or run.json could not be written."""
+    problems = []
+    tried = [s for s in saves if not s["skipped"]]
+    if tried and len(failed) == len(tried):
+        problems.append(f"all {len(tried)} saves failed, so this run committed no checkpoint (the last: "
+                        f"{failed[-1]['error']}); free space or choose another --output_dir")
+    if run_json_error:
+        problems.append(f"run.json was not written ({run_json_error})")
+    return "; ".join(problems) or None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the worker; a checkpoint that cannot be used or a lost collective ends it with one line, exit 1."""
     lifeline.arm()  # no rank outlives torchrun or the launching process, however they were killed
@@ -178,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    except (verify.CheckpointError, commit.CollectiveTimeout) as e:
+    except (verify.CheckpointError, commit.CollectiveTimeout, RunIncomplete) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
     except RuntimeError as e:  # a collective outside a save timed out: say so in one line, not a traceback
@@ -211,6 +229,7 @@ def train(argv: list[str] | None = None) -> None:
     identity = {"model": args.model, "num_params": param_count(args.model)}
     if args.resume:  # before anything is built: the newest committed checkpoint, verified, for this world size
         resume_tag, note = commit.agreed_resume_tag(args.output_dir, identity)
+        verify.check_config(args.output_dir, gpt2_config(args.model).to_dict(), args.model)
         if note and rank == 0:
             print(note, flush=True)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
@@ -286,6 +305,7 @@ def train(argv: list[str] | None = None) -> None:
         "save_costs": save_costs,
     })
     costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs
+    run_json_error = None
     if rank == 0:
         run = {
             "world_size": world, "backend": backend, "device": device, "model": args.model,
@@ -297,10 +317,18 @@ def train(argv: list[str] | None = None) -> None:
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
             "save_costs": costs, "ranks": records,
         }
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        commit.atomic_write(Path(args.output_dir) / "run.json", json.dumps(run, indent=1))  # never half a file
+        try:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            commit.atomic_write(Path(args.output_dir) / "run.json", json.dumps(run, indent=1))  # never half a file
+        except OSError as e:  # the disk stayed full or read-only: reported below in one line, not a traceback
+            run_json_error = commit.describe_error(e, e.filename or Path(args.output_dir) / "run.json", rank)
+            with suppress(OSError):
+                (Path(args.output_dir) / "run.json.tmp").unlink(missing_ok=True)
     dist.barrier()
     dist.destroy_process_group()
+    problem = ending_problem(saves, failed, run_json_error)
+    if problem:
+        raise RunIncomplete(f"rank {rank}: {problem}")
 
 
 if __name__ == "__main__":

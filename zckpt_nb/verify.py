@@ -2,7 +2,8 @@
 
 A checkpoint tag counts as *committed* only once its manifest (`zckpt_manifest.json`, written last by
 the commit protocol in `zckpt_nb.commit`) is in the tag folder. The manifest names every rank's files
-with their sizes and SHA-256, the world size, the step and the model it came from. DeepSpeed keeps
+with their sizes and SHA-256, the world size, the step and the model it came from, and (`shared`) the files
+beside the tags that every checkpoint depends on: the tokenizer and `config.json`. DeepSpeed keeps
 no such record (its `latest` only names a folder), so this is written by hand; it needs no torch.
 """
 
@@ -18,6 +19,12 @@ MANIFEST = "zckpt_manifest.json"
 FORMAT = "zckpt-manifest/1"
 RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(model|optim)_states\.pt$")
 _STEP = re.compile(r"(\d+)$")
+# Beside the tags, written once (atomically) by the first save; resume and export read them. DeepSpeed's
+# zero_to_fp32.py and zero_to_torch.py are not listed: DeepSpeed rewrites them in place on every save, so a later
+# save failing mid-copy would make every older checkpoint fail its check (run_zero_to_fp32 compares the copy
+# with DeepSpeed's own file instead).
+SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")
+ARCHITECTURE = ("model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # config.json's shape
 
 
 class CheckpointError(RuntimeError):
@@ -80,15 +87,15 @@ def is_plain_name(name: Any) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
 
 
-def check_paths(tag_dir: Path, manifest: dict[str, Any]) -> None:
-    """Every entry names a file directly in `tag_dir` (no `../x`, no absolute path, no symlink leading out).
+def check_paths(folder: Path, entries: list[dict[str, Any]], manifest: Path) -> None:
+    """Every entry names a file directly in `folder` (no `../x`, no absolute path, no symlink leading out).
 
     An edited or foreign manifest must not make verify, resume or export read (hash) files elsewhere.
     """
-    for entry in manifest["files"]:
+    for entry in entries:
         name = entry.get("path")
-        if not is_plain_name(name) or (tag_dir / name).resolve().parent != tag_dir.resolve():
-            raise CheckpointError(f"{tag_dir / MANIFEST} names {name!r}, which is not a file of {tag_dir} (a path or "
+        if not is_plain_name(name) or (folder / name).resolve().parent != folder.resolve():
+            raise CheckpointError(f"{manifest} names {name!r}, which is not a file of {folder} (a path or "
                                   "a symlink leading out); refusing the checkpoint: restore its files or save it again")
 
 
@@ -144,11 +151,37 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
     if manifest.get("tag") != tag:
         raise CheckpointError(f"{tag_dir / MANIFEST} describes tag {manifest.get('tag')!r}, not {tag!r}")
     check_fit(manifest, tag_dir, world_size, identity)
-    check_paths(tag_dir, manifest)
+    shared = manifest.get("shared", [])  # absent in manifests written before the shared files were listed
+    check_paths(tag_dir, manifest["files"], tag_dir / MANIFEST)
+    check_paths(tag_dir.parent, shared, tag_dir / MANIFEST)
     check_ranks(tag_dir, manifest)
-    for entry in manifest["files"]:
-        check_file(tag_dir, entry, hash_it=ranks is None or entry["rank"] in ranks)
+    for folder, entry in [(tag_dir, e) for e in manifest["files"]] + [(tag_dir.parent, e) for e in shared]:
+        check_file(folder, entry, hash_it=ranks is None or entry["rank"] in ranks)
     return manifest
+
+
+def shared_records(ckpt_dir: Path) -> list[dict[str, Any]]:
+    """Manifest entries (rank 0 writes them) for the `SHARED_FILES` beside the tags."""
+    paths = [ckpt_dir / name for name in SHARED_FILES if (ckpt_dir / name).is_file()]
+    return [file_record(p, ckpt_dir, 0, sha256_file(p)) for p in paths]
+
+
+def manifest_text(ckpt_dir: Path, tag: str, step: int, world: int, identity: dict[str, Any],
+                  reports: list[dict[str, Any]]) -> str:
+    """The manifest: format, tag, step, world size, model identity, every rank's files and the shared files."""
+    files = sorted((f for r in reports for f in r["files"]), key=lambda f: (f["rank"], f["path"]))
+    return json.dumps({"format": FORMAT, "tag": tag, "step": step, "world_size": world, "identity": identity,
+                       "files": files, "shared": shared_records(ckpt_dir)}, indent=1)
+
+
+def check_config(ckpt_dir: str | Path, expected: dict[str, Any], model: str) -> None:
+    """`config.json` beside the checkpoint has the shape of the model this run builds, or name both."""
+    path = Path(ckpt_dir) / "config.json"
+    if path.is_file():
+        saved, ours = ({k: c.get(k) for k in ARCHITECTURE} for c in (json.loads(path.read_text()), expected))
+        if saved != ours:
+            raise CheckpointError(f"{path} describes {saved}, but this run's --model {model} is {ours}; resume "
+                                  "with the --model that config.json describes, or use another --output_dir")
 
 
 def latest_name(ckpt_dir: str | Path) -> str | None:
