@@ -168,11 +168,8 @@ def plan_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """Rows of a table as aligned plain text for a terminal (numbers with thousands separators)."""
-    def cell(v: object) -> str:
-        if isinstance(v, bool):
-            return "yes" if v else "no"
-        return f"{v:,}" if isinstance(v, int) else str(v)
+    """Rows of a table as aligned plain text for a terminal (cells formatted as the notebooks' tables)."""
+    from zckpt_nb.plots import cell
 
     cells = [[cell(v) for v in r.values()] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(list(rows[0]), *cells)]
