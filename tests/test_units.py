@@ -6,7 +6,7 @@ import pytest
 
 from zckpt_nb import data
 from zckpt_nb.launch import Progress, UsageError, check_train_args, label
-from zckpt_nb.model import PRESETS, ds_config, get_preset, ln_vocab, param_count
+from zckpt_nb.model import PRESETS, accumulation_steps, ds_config, get_preset, ln_vocab, param_count
 
 
 def test_presets_count_parameters_without_building_weights():
@@ -34,13 +34,23 @@ def test_tokenizer_is_deterministic_and_roundtrips_corpus_text():
     assert a.decode(a(text)["input_ids"]) == text
 
 
-def test_batches_depend_only_on_seed_step_and_rank():
+def test_batches_depend_only_on_seed_and_step_and_ranks_split_them():
     tokens = data.encode_corpus(data.train_tokenizer(1024))
-    kw = {"seed": 0, "batch": 4, "seq_len": 16}
-    same = data.batch_for_step(tokens, step=3, rank=0, **kw), data.batch_for_step(tokens, step=3, rank=0, **kw)
-    assert (same[0] == same[1]).all()
-    assert not (same[0] == data.batch_for_step(tokens, step=3, rank=1, **kw)).all()
-    assert not (same[0] == data.batch_for_step(tokens, step=4, rank=0, **kw)).all()
+    kw = {"seed": 0, "global_batch": 5, "seq_len": 16}
+    same = data.global_batch_for_step(tokens, step=3, **kw), data.global_batch_for_step(tokens, step=3, **kw)
+    assert (same[0] == same[1]).all() and same[0].shape == (5, 16)
+    assert not (same[0] == data.global_batch_for_step(tokens, step=4, **kw)).all()
+    for world in (1, 2, 3, 7):  # every sample exactly once, contiguous, shares differ by at most one
+        shares = [data.rank_share(5, world, r) for r in range(world)]
+        assert [i for s in shares for i in s] == list(range(5))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    parts = data.micro_steps(range(3, 8), 2)
+    assert parts == [range(3, 6), range(6, 8)] and data.micro_steps(range(0), 2) == [range(0), range(0)]
+
+
+def test_accumulation_keeps_each_micro_step_within_the_preset():
+    assert [accumulation_steps(16, n, 8) for n in (1, 2, 3, 4, 32)] == [2, 1, 1, 1, 1]
+    assert ds_config("tiny", steps=10, world_size=1)["gradient_accumulation_steps"] == 2
 
 
 def test_ln_vocab():

@@ -42,13 +42,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def client_state(step: int, seed: int) -> dict[str, Any]:
-    """What exact resumption needs beyond DeepSpeed's own state: the data position and RNG states.
+def client_state(step: int, seed: int, global_batch: int, world_size: int) -> dict[str, Any]:
+    """What exact resumption needs beyond DeepSpeed's own state: the data position, the batch and RNG states.
 
     Under ZeRO-3 every rank writes its own `zero_pp_rank_{r}_..._model_states.pt` holding this dict,
-    so each rank gets back its own RNG state on load.
+    so each rank gets back its own RNG state on load (on the same world size; a universal load hands every rank
+    rank 0's, which is why training draws nothing from these generators: see `data` and `model.gpt2_config`).
     """
-    return {CLIENT_KEY: {"step": step, "seed": seed, "rng": rng_state()}}
+    return {CLIENT_KEY: {"step": step, "seed": seed, "global_batch": global_batch, "world_size": world_size,
+                         "rng": rng_state()}}
 
 
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
@@ -81,8 +83,10 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
     return outcome
 
 
-def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
+def resume(engine: Any, output_dir: str | Path, tag: str | None = None, restore_rng: bool = True) -> dict[str, Any]:
     """Load model, optimizer, scheduler and our client state from `tag` (default `latest`); restore this rank's RNG.
+
+    `restore_rng=False` for a universal load: every rank then reads rank 0's client state, not its own.
 
     DeepSpeed's reads go through `safeload.weights_only`: a file holding anything but tensors and the types
     DeepSpeed writes is refused before it can run code, even when its manifest was forged to match it.
@@ -94,7 +98,8 @@ def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[
     if path is None:
         raise FileNotFoundError(f"no checkpoint to resume from in {output_dir} (no 'latest' file)")
     ours = state[CLIENT_KEY]
-    set_rng_state(ours["rng"])
+    if restore_rng:
+        set_rng_state(ours["rng"])
     return ours
 
 

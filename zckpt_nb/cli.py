@@ -44,15 +44,42 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from zckpt_nb.inspect import format_inspection, inspect_checkpoint, inspection_json
-    from zckpt_nb.verify import CheckpointError
+    import json
+
+    from zckpt_nb.inspect import (
+        format_inspection,
+        format_universal,
+        inspect_checkpoint,
+        inspection_json,
+        universal_params,
+    )
+    from zckpt_nb.verify import CheckpointError, read_kind
 
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout on import; keep the output clean
+            if args.tag and read_kind(Path(args.ckpt_dir) / args.tag) == "universal":
+                rows = universal_params(Path(args.ckpt_dir) / args.tag)
+                print(json.dumps(rows, indent=1) if args.json else format_universal(rows), file=sys.__stdout__)
+                return 0
             info = inspect_checkpoint(args.ckpt_dir, args.tag)
     except (FileNotFoundError, CheckpointError) as e:
         raise UsageError(str(e)) from None
     print(inspection_json(info) if args.json else format_inspection(info))
+    return 0
+
+
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from zckpt_nb.reshard import describe_conversion, ensure_universal
+    from zckpt_nb.verify import CheckpointError, describe, newest_committed
+
+    try:
+        tag = args.tag or newest_committed(args.ckpt_dir, "converting")
+        manifest, reused = ensure_universal(args.ckpt_dir, tag, timeout=args.timeout)
+    except CheckpointError as e:
+        print(f"zckpt_nb reshard: bad checkpoint: {e}", file=sys.stderr)
+        return 1
+    print(describe_conversion(manifest, reused, world=None))
+    print(describe(manifest))
     return 0
 
 
@@ -188,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("ckpt_dir")
     ver.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     ver.set_defaults(func=cmd_verify)
+
+    rsh = sub.add_parser("reshard", help="convert a checkpoint to DeepSpeed's universal format, loadable on any "
+                                         "number of ranks (train --resume does this itself when N changes)")
+    rsh.add_argument("ckpt_dir")
+    rsh.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
+    rsh.add_argument("--timeout", type=float, default=1800, help="stop the conversion after this many seconds")
+    rsh.set_defaults(func=cmd_reshard)
 
     costs = sub.add_parser("costs", help="plan a ZeRO-3 checkpoint from the model config alone: bytes and seconds")
     which = costs.add_mutually_exclusive_group()

@@ -1,6 +1,7 @@
 """The shipped corpus, the byte-level BPE tokenizer trained on it at run time, and deterministic batches.
 
-Batches are a pure function of (seed, step, rank): the "data position" a resume needs is the step.
+Each optimizer step trains on one global batch, a pure function of (seed, step): the "data position" a resume
+needs is the step, and it does not depend on how many ranks share the batch. Rank r takes a contiguous slice.
 """
 
 from __future__ import annotations
@@ -48,10 +49,24 @@ def encode_corpus(tokenizer: Any) -> Any:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def batch_for_step(tokens: Any, *, step: int, rank: int, seed: int, batch: int, seq_len: int) -> Any:
-    """Random windows of the corpus for this (step, rank): the same call always gives the same batch."""
+def global_batch_for_step(tokens: Any, *, step: int, seed: int, global_batch: int, seq_len: int) -> Any:
+    """Random windows of the corpus for optimizer step `step`: the same call always gives the same batch."""
     import torch
 
-    g = torch.Generator().manual_seed(((seed * 1_000_003) + step) * 4099 + rank)
-    starts = torch.randint(0, len(tokens) - seq_len, (batch,), generator=g)
+    g = torch.Generator().manual_seed((seed * 1_000_003) + step)
+    starts = torch.randint(0, len(tokens) - seq_len, (global_batch,), generator=g)
     return torch.stack([tokens[s : s + seq_len] for s in starts.tolist()])
+
+
+def rank_share(global_batch: int, world_size: int, rank: int) -> range:
+    """Indices of the global batch that rank `rank` trains on: contiguous, sizes differ by at most one."""
+    base, extra = divmod(global_batch, world_size)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (rank < extra))
+
+
+def micro_steps(share: range, steps: int) -> list[range]:
+    """Split a rank's share into `steps` micro-batches of near-equal size (some may be empty)."""
+    base, extra = divmod(len(share), steps)
+    bounds = [share.start + i * base + min(i, extra) for i in range(steps + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]

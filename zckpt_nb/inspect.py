@@ -119,6 +119,30 @@ def inspection_json(info: CheckpointInfo) -> str:
     return json.dumps(info.to_dict(), indent=1)
 
 
+def universal_params(folder: str | Path) -> list[dict[str, Any]]:
+    """Per parameter of a verified universal copy (`zckpt_nb.reshard`): its elements and each state file's bytes."""
+    from zckpt_nb.safeload import load
+    from zckpt_nb.verify import verify_universal
+
+    folder = Path(folder)
+    verify_universal(folder)
+    rows = []
+    for param in sorted(p for p in (folder / "zero").iterdir() if p.is_dir()):
+        fp32 = load(param / "fp32.pt", mmap=True)
+        rows.append({"parameter": param.name, "elements": fp32.numel(),
+                     **{f.stem: f.stat().st_size for f in sorted(param.glob("*.pt"))}})
+    return rows
+
+
+def format_universal(rows: list[dict[str, Any]]) -> str:
+    """The universal copy as a table: one line per parameter folder, then the total."""
+    states = [k for k in rows[0] if k not in ("parameter", "elements")]
+    lines = [f"{'parameter (bytes of each file)':<36} {'elements':>12} " + " ".join(f"{s:>12}" for s in states)]
+    lines += [f"{r['parameter']:<36} {r['elements']:>12,} " + " ".join(f"{r[s]:>12,}" for s in states) for r in rows]
+    total = sum(r["elements"] for r in rows)
+    return "\n".join(lines + [f"{len(rows)} parameter folders, {total:,} elements: any world size can load them"])
+
+
 def tree(root: str | Path) -> str:
     """Every file under `root` with its size, indented by depth (like `tree -s`)."""
     root = Path(root)

@@ -13,7 +13,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Preset:
-    """Shape of one GPT-2 style model and the batch it trains with."""
+    """Shape of one GPT-2 style model and the batch it trains with.
+
+    `global_batch` sequences make one optimizer step whatever the world size (so a run resumed on another number
+    of ranks continues the same optimisation); `micro_batch` is the most one rank runs at once (more means
+    gradient accumulation).
+    """
 
     vocab_size: int
     n_positions: int
@@ -23,18 +28,19 @@ class Preset:
     micro_batch: int
     seq_len: int
     lr: float
+    global_batch: int
 
 
 PRESETS: dict[str, Preset] = {
     # ~0.4M parameters: trains on 2 CPU ranks in seconds, loss falls well below ln(vocab)/2. Width 112 is not a
     # multiple of 3, so N = 3 shows the padding ZeRO-3 adds (notebook 01).
-    "tiny": Preset(1024, 64, 112, 2, 4, micro_batch=8, seq_len=64, lr=3e-3),
+    "tiny": Preset(1024, 64, 112, 2, 4, micro_batch=8, seq_len=64, lr=3e-3, global_batch=16),
     # ~3.5M parameters: a CPU run of a few minutes.
-    "small": Preset(2048, 128, 256, 4, 4, micro_batch=8, seq_len=128, lr=1e-3),
+    "small": Preset(2048, 128, 256, 4, 4, micro_batch=8, seq_len=128, lr=1e-3, global_batch=16),
     # ~56M parameters: the ">= 50M" preset for measuring save costs on CPU; comfortable on a GPU.
-    "medium": Preset(8192, 256, 768, 7, 12, micro_batch=4, seq_len=128, lr=3e-4),
+    "medium": Preset(8192, 256, 768, 7, 12, micro_batch=4, seq_len=128, lr=3e-4, global_batch=8),
     # ~160M parameters: GPU only in practice.
-    "large": Preset(8192, 512, 1024, 12, 16, micro_batch=8, seq_len=256, lr=3e-4),
+    "large": Preset(8192, 512, 1024, 12, 16, micro_batch=8, seq_len=256, lr=3e-4, global_batch=16),
 }
 
 
@@ -59,6 +65,11 @@ def gpt2_config(name: str) -> Any:
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=0,
+        # No dropout (as nanoGPT pretrains): its masks would depend on which rank holds which sample, so a run
+        # resumed on another world size could not continue the same optimisation (notebook 07).
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
 
 
@@ -71,16 +82,22 @@ def ds_config(
     name: str,
     *,
     steps: int,
+    world_size: int = 1,
+    global_batch: int | None = None,
     bf16: bool = False,
     gather_16bit_on_save: bool = False,
     comms_logger: bool = False,
     persistence_threshold: int = 0,
+    load_universal: bool = False,
 ) -> dict[str, Any]:
     """The DeepSpeed ZeRO-3 config for preset `name` (one JSON-able dict, nothing hidden)."""
     p = get_preset(name)
+    gas = accumulation_steps(global_batch or p.global_batch, world_size, p.micro_batch)
     return {
-        "train_micro_batch_size_per_gpu": p.micro_batch,
-        "gradient_accumulation_steps": 1,
+        # DeepSpeed's bookkeeping (it checks micro x accumulation x ranks); the worker feeds each rank its share
+        # of the global batch (`data.rank_share`), weighted so the gradient is the global batch's mean.
+        "train_micro_batch_size_per_gpu": math.ceil(math.ceil((global_batch or p.global_batch) / world_size) / gas),
+        "gradient_accumulation_steps": gas,
         "gradient_clipping": 1.0,
         "steps_per_print": 10**9,
         # torch_adam: DeepSpeed's FusedAdam needs CUDA; torch's AdamW runs on CPU ranks and GPUs alike
@@ -106,7 +123,14 @@ def ds_config(
             "overlap_comm": False,
         },
         "comms_logger": {"enabled": comms_logger, "verbose": False, "prof_all": True, "debug": False},
+        # a checkpoint saved by another number of ranks loads from its universal copy (zckpt_nb.reshard)
+        "checkpoint": {"load_universal": load_universal},
     }
+
+
+def accumulation_steps(global_batch: int, world_size: int, micro_batch: int) -> int:
+    """Micro-steps per optimizer step so that no rank runs more than `micro_batch` sequences at once."""
+    return max(1, math.ceil(math.ceil(global_batch / world_size) / micro_batch))
 
 
 def deepspeed_persistence_default() -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb import commit
+from zckpt_nb.reshard import universal_dir
 from zckpt_nb.verify import MANIFEST, committed_tags, incomplete_tags, step_of
 
 
@@ -41,6 +42,7 @@ def delete_tag(save_dir: Path, tag: str) -> str | None:
     except OSError as e:
         return (f"{commit.describe_error(e, e.filename or tag_dir, 0, 'deleting')}; {tag} lost its manifest first, "
                 "so it is incomplete and never resumed from; delete it by hand")
+    shutil.rmtree(universal_dir(save_dir, tag), ignore_errors=True)  # its copy for other world sizes goes with it
     return None
 
 

@@ -30,16 +30,18 @@ def model_states(name: str, n: int, config: dict[str, Any], step: int, seed: int
     import torch
 
     from zckpt_nb.checkpoint import client_state
+    from zckpt_nb.model import get_preset
 
     model = meta_model(name)
-    client = client_state(step, seed)
+    client = client_state(step, seed, get_preset(name).global_batch, n)
     client["zckpt"]["rng"]["torch"] = torch.empty(0, dtype=torch.uint8)  # its bytes are payload
     return {"module": OrderedDict((k, torch.empty(0)) for k in model.state_dict()), "buffer_names": [],
             "optimizer": None, "param_shapes": [OrderedDict((k, p.shape) for k, p in model.named_parameters())],
             "frozen_param_shapes": OrderedDict(), "shared_params": {"lm_head.weight": "transformer.wte.weight"},
             "frozen_param_fragments": OrderedDict(), "lr_scheduler": {"last_batch_iteration": step - 1},
             "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
-            "global_samples": step * n, "dp_world_size": n, "mp_world_size": 1,
+            "global_samples": step * n * config["train_micro_batch_size_per_gpu"]
+            * config["gradient_accumulation_steps"], "dp_world_size": n, "mp_world_size": 1,
             "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, "ds_config": config,
             "ds_version": deepspeed_version(), **client}
 
@@ -71,7 +73,7 @@ def header_bytes(name: str, n: int, *, steps: int = 5, seed: int = 0, persistenc
     """Predicted bytes of both files of one rank beyond their tensor payload."""
     from zckpt_nb.model import ds_config
 
-    config = ds_config(name, steps=steps, comms_logger=True, persistence_threshold=persistence_threshold)
+    config = ds_config(name, steps=steps, world_size=n, comms_logger=True, persistence_threshold=persistence_threshold)
     return saved_size(model_states(name, n, config, steps, seed)) + saved_size(optim_states(n, config))
 
 

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, patterns, rotation, verify
+from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, patterns, reshard, rotation, verify
 from zckpt_nb.model import (
     PRESETS,
     build_model,
@@ -46,6 +46,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint 'latest' names")
     parser.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--global_batch", type=int, default=0,
+                        help="sequences per optimizer step, shared by all ranks (0: the preset's); a resume keeps "
+                             "the checkpoint's, on any number of ranks")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                         help="auto: bf16 on GPUs, fp32 on CPU ranks")
     parser.add_argument("--keep_last", type=int, default=0,
@@ -126,14 +129,36 @@ def peak_memory_bytes(device: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def mean_over_ranks(value: float, device: str) -> float:
-    """The loss averaged over ranks (each rank sees different data), identical on every rank."""
+def sum_over_ranks(value: float, device: str) -> float:
+    """`value` summed over ranks, identical on every rank."""
     import torch
     import torch.distributed as dist
 
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return float(t.item()) / dist.get_world_size()
+    return float(t.item())
+
+
+def train_step(engine: Any, batch: Any, share: range, world: int, device: str) -> float:
+    """One optimizer step on this rank's `share` of the global `batch`; returns the global batch's mean loss.
+
+    DeepSpeed divides each micro-step's loss by the accumulation steps and averages gradients over the ranks; the
+    weight below turns that into the mean over the global batch however it is split, so the optimisation does not
+    depend on the world size. A rank with no sample in a micro-step runs one with weight 0: it still has to join
+    ZeRO-3's gathers and reductions.
+    """
+    import torch
+
+    from zckpt_nb import data
+
+    gas, total = engine.gradient_accumulation_steps(), 0.0
+    for part in data.micro_steps(share, gas):
+        x = batch[list(part) or [0]].to(device)
+        loss = engine(input_ids=x, attention_mask=torch.ones_like(x), labels=x).loss
+        engine.backward(loss * (len(part) * world * gas / len(batch)))
+        engine.step()
+        total += loss.item() * len(part)
+    return sum_over_ranks(total, device) / len(batch)
 
 
 def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -147,7 +172,8 @@ def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, identity: dict[str, Any]) -> Any:
     """One save in the pattern --save_mode names; returns its `commit.SaveOutcome`."""
-    state, tag = checkpoint.client_state(step, args.seed), f"global_step{step}"
+    state = checkpoint.client_state(step, args.seed, args.global_batch, engine.dp_world_size)
+    tag = f"global_step{step}"
     if args.save_mode == "plain":
         return patterns.save_plain(engine, args.output_dir, tag, state)
     if args.save_mode == "rank0_only":
@@ -211,7 +237,6 @@ def main(argv: list[str] | None = None) -> None:
 def train(argv: list[str] | None = None) -> None:
     args = add_train_args(argparse.ArgumentParser(prog="zckpt_nb.train")).parse_args(argv)
     import deepspeed
-    import torch
     import torch.distributed as dist
     import transformers
 
@@ -226,9 +251,12 @@ def train(argv: list[str] | None = None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     seed_everything(args.seed)
     preset = get_preset(args.model)
-    identity = {"model": args.model, "num_params": param_count(args.model)}
-    if args.resume:  # before anything is built: the newest committed checkpoint, verified, for this world size
-        resume_tag, note = commit.agreed_resume_tag(args.output_dir, identity)
+    args.global_batch = args.global_batch or preset.global_batch
+    identity = {"model": args.model, "num_params": param_count(args.model), "global_batch": args.global_batch}
+    universal = None
+    if args.resume:  # before anything is built: the newest committed checkpoint, verified (converted if N differs)
+        resume_tag, note, load_dir, universal = reshard.resume_source(
+            args.output_dir, identity, timeout=0.9 * collective_timeout(args.collective_timeout))
         verify.check_config(args.output_dir, gpt2_config(args.model).to_dict(), args.model)
         if note and rank == 0:
             print(note, flush=True)
@@ -241,9 +269,10 @@ def train(argv: list[str] | None = None) -> None:
     # The model is built partitioned: no rank ever holds all of it.
     saving = args.save_checkpoint or args.save_every or args.save_16bit or args.save_gathered
     gather16 = args.gather_16bit == "on" or (args.gather_16bit == "auto" and args.save_16bit)
-    config = ds_config(args.model, steps=args.steps, bf16=bf16, gather_16bit_on_save=gather16,
+    config = ds_config(args.model, steps=args.steps, world_size=world, global_batch=args.global_batch, bf16=bf16,
+                       gather_16bit_on_save=gather16,
                        comms_logger=bool(saving),  # its per-op byte counts give each save's collective bytes
-                       persistence_threshold=args.persistence_threshold)
+                       persistence_threshold=args.persistence_threshold, load_universal=universal is not None)
     model, _hf_ds_config = (build_model if args.init == "hf" else build_model_bare)(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     held, num_params = held_elements(engine.module), count_params(engine.module)
@@ -254,20 +283,18 @@ def train(argv: list[str] | None = None) -> None:
 
     start_step = 0
     if args.resume:
-        start_step = checkpoint.resume(engine, args.output_dir, resume_tag)["step"]
+        start_step = checkpoint.resume(engine, load_dir, resume_tag, restore_rng=universal is None)["step"]
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
     steps, losses, save_seconds, saves, failed, save_costs, rotation_errors = [], [], 0.0, [], [], [], []
+    share = data.rank_share(args.global_batch, world, rank)  # this rank's slice of every step's global batch
     engine.train()
     for step in range(start_step, args.steps):
-        batch = data.batch_for_step(tokens, step=step, rank=rank, seed=args.seed,
-                                    batch=preset.micro_batch, seq_len=preset.seq_len).to(device)
-        loss = engine(input_ids=batch, attention_mask=torch.ones_like(batch), labels=batch).loss
-        engine.backward(loss)
-        engine.step()
+        batch = data.global_batch_for_step(tokens, step=step, seed=args.seed, global_batch=args.global_batch,
+                                           seq_len=preset.seq_len)
         steps.append(step)
-        losses.append(mean_over_ranks(loss.item(), device))
+        losses.append(train_step(engine, batch, share, world, device))
         if rank == 0:  # the launcher parses these lines for its progress bar
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
         done = step + 1
@@ -312,6 +339,8 @@ def train(argv: list[str] | None = None) -> None:
             "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": num_params,
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
+            "global_batch": args.global_batch, "gradient_accumulation_steps": config["gradient_accumulation_steps"],
+            "resharded": universal,
             "save_mode": args.save_mode, "failed_saves": failed, "rotation_errors": rotation_errors, "init": args.init,
             "persistence_threshold": args.persistence_threshold, "ds_config": config,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,

@@ -87,14 +87,22 @@ def is_plain_name(name: Any) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
 
 
-def check_paths(folder: Path, entries: list[dict[str, Any]], manifest: Path) -> None:
-    """Every entry names a file directly in `folder` (no `../x`, no absolute path, no symlink leading out).
+def inside(folder: Path, name: Any, nested: bool) -> bool:
+    """`name` is a relative path to a file in `folder` (or, with `nested`, below it) that resolves there too."""
+    if not nested:
+        return is_plain_name(name) and (folder / name).resolve().parent == folder.resolve()
+    return (isinstance(name, str) and not Path(name).is_absolute() and ".." not in Path(name).parts
+            and folder.resolve() in (folder / name).resolve().parents)
+
+
+def check_paths(folder: Path, entries: list[dict[str, Any]], manifest: Path, nested: bool = False) -> None:
+    """Every entry names a file in `folder` (no `../x`, no absolute path, no symlink leading out).
 
     An edited or foreign manifest must not make verify, resume or export read (hash) files elsewhere.
     """
     for entry in entries:
         name = entry.get("path")
-        if not is_plain_name(name) or (folder / name).resolve().parent != folder.resolve():
+        if not inside(folder, name, nested):
             raise CheckpointError(f"{manifest} names {name!r}, which is not a file of {folder} (a path or "
                                   "a symlink leading out); refusing the checkpoint: restore its files or save it again")
 
@@ -103,7 +111,8 @@ def check_file(tag_dir: Path, entry: dict[str, Any], hash_it: bool) -> None:
     """One file against its manifest entry: present, same size, same SHA-256."""
     path = tag_dir / entry["path"]
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing (rank {entry['rank']}'s file)")
+        whose = "" if entry["rank"] is None else f" (rank {entry['rank']}'s file)"
+        raise CheckpointError(f"{path} is missing{whose}")
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise CheckpointError(f"{path} has {size:,} bytes, the manifest says {entry['bytes']:,} "
@@ -134,8 +143,11 @@ def check_fit(manifest: dict[str, Any], tag_dir: Path, world_size: int | None,
             f"{tag_dir} was saved by {manifest['world_size']} ranks; this run has {world_size}. Resume with "
             f"--nproc {manifest['world_size']}, or convert it (DeepSpeed's ds_to_universal) to change the world size")
     if identity is not None and manifest.get("identity") != identity:
-        raise CheckpointError(f"{tag_dir} was saved by model {manifest.get('identity')}; this run builds "
-                              f"{identity}. Resume with the same --model, or use another --output_dir")
+        saved = manifest.get("identity") if isinstance(manifest.get("identity"), dict) else {}
+        differ = "; ".join(f"{k} {saved.get(k)!r} (this run: {identity.get(k)!r})"
+                           for k in sorted({*saved, *identity}) if saved.get(k) != identity.get(k))
+        raise CheckpointError(f"{tag_dir} was saved with {differ}. Resume with the same --model and "
+                              "--global_batch, or use another --output_dir")
 
 
 def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
@@ -157,6 +169,18 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
     check_ranks(tag_dir, manifest)
     for folder, entry in [(tag_dir, e) for e in manifest["files"]] + [(tag_dir.parent, e) for e in shared]:
         check_file(folder, entry, hash_it=ranks is None or entry["rank"] in ranks)
+    return manifest
+
+
+def verify_universal(folder: str | Path) -> dict[str, Any]:
+    """Check a universal copy (`zckpt_nb.reshard`) against its manifest: every file, size and SHA-256."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest.get("kind") != "universal":
+        raise CheckpointError(f"{folder / MANIFEST} is not the manifest of a universal checkpoint")
+    check_paths(folder, manifest["files"], folder / MANIFEST, nested=True)
+    for entry in manifest["files"]:
+        check_file(folder, entry, hash_it=True)
     return manifest
 
 
@@ -195,7 +219,17 @@ def verify(ckpt_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
     tag = tag or latest_name(ckpt_dir)
     if tag is None:
         raise CheckpointError(f"{ckpt_dir} has no 'latest' file; pass --tag or point at a checkpoint folder")
+    if is_plain_name(tag) and read_kind(Path(ckpt_dir) / tag) == "universal":
+        return verify_universal(Path(ckpt_dir) / tag)
     return verify_tag(ckpt_dir, tag)
+
+
+def read_kind(tag_dir: Path) -> str | None:
+    """The `kind` a folder's manifest names (None for a save, or without a readable manifest)."""
+    try:
+        return read_manifest(tag_dir).get("kind")
+    except CheckpointError:
+        return None
 
 
 def tag_to_resume(ckpt_dir: str | Path) -> tuple[str, str | None]:
@@ -223,5 +257,9 @@ def newest_committed(ckpt_dir: str | Path, doing: str) -> str:
 def describe(manifest: dict[str, Any]) -> str:
     """One line for a checkpoint that passed every check."""
     total = sum(e["bytes"] for e in manifest["files"])
+    if manifest.get("kind") == "universal":
+        return (f"ok: universal copy of {manifest['tag']} (step {manifest['step']}, converted from "
+                f"{manifest['source_world_size']} ranks, loads on any number; {len(manifest['files'])} files, "
+                f"{total:,} bytes, every size and SHA-256 matches)")
     return (f"ok: {manifest['tag']} (step {manifest['step']}, {manifest['world_size']} ranks, "
             f"{len(manifest['files'])} files, {total:,} bytes, every size and SHA-256 matches)")

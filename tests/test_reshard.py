@@ -1,0 +1,116 @@
+"""Resume on another world size: DeepSpeed's universal checkpoint, converted once, committed, loaded on M ranks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import RESUME_STEP, STEPS
+
+from zckpt_nb import checkpoint, consolidate, reshard, verify
+from zckpt_nb.export import export
+from zckpt_nb.launch import launch
+
+TAG = f"global_step{RESUME_STEP}"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zckpt_nb", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def source(full_run, tmp_path_factory):
+    """The 2-rank step-50 checkpoint of the session's default run, alone in a folder."""
+    return checkpoint.copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("source"), TAG)
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_resume_on_another_world_size_continues_the_same_optimisation(full_run, source, tmp_path, world):
+    dst = shutil.copytree(source, tmp_path / "ckpt")
+    run = launch(world, STEPS, dst, resume=True, verbose=False, progress=False, timeout=900)
+    assert run.data["resumed_from_step"] == RESUME_STEP and run.world_size == world
+    assert run.data["gradient_accumulation_steps"] == (2 if world == 1 else 1)  # tiny: 16 sequences, 8 at once
+    worst = max(abs(a - b) for a, b in zip(full_run.losses[RESUME_STEP:], run.losses, strict=True))
+    assert worst <= 1e-4, f"2 -> {world}: losses differ by up to {worst:.2e}"
+    done = run.data["resharded"]
+    assert done["source_world_size"] == 2 and not done["reused"]
+    assert done["conversion"]["seconds"] > 0 and done["conversion"]["peak_rss_bytes"] > 2**20
+    assert any(f"this run has {world}: converted it to a universal checkpoint" in line for line in run.log)
+    verify.verify_universal(dst / reshard.UNIVERSAL / TAG)  # committed: every file's size and SHA-256
+
+
+def test_export_after_a_universal_load_equals_the_source_export(source, tmp_path):
+    dst = shutil.copytree(source, tmp_path / "ckpt")
+    assert cli("reshard", dst).returncode == 0
+    # --steps = the checkpoint's step: load on 3 ranks, train nothing, gather every parameter (route 2)
+    run = launch(3, RESUME_STEP, dst, resume=True, extra=["--save_gathered"], verbose=False, progress=False,
+                 timeout=600)
+    assert run.data["resharded"]["reused"], "the copy `reshard` made was converted again"
+    gathered = consolidate.load_weights(dst / "per_param")
+    exported = consolidate.load_weights(export(source, tmp_path / "export", tag=TAG))
+    assert consolidate.compare(gathered, exported)["exact"]
+
+
+def test_a_crash_mid_conversion_is_never_loaded(source, tmp_path):
+    dst = shutil.copytree(source, tmp_path / "ckpt")
+    partial = dst / reshard.UNIVERSAL / f"{TAG}.converting"
+    child = subprocess.Popen([sys.executable, "-m", "zckpt_nb.reshard", dst / TAG, partial],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(partial.rglob("*.pt")) and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.01)
+    child.kill()  # kill -9 once the converter has written part of its output
+    child.wait()
+    assert any(partial.rglob("*.pt")) and not (partial / verify.MANIFEST).exists()
+    assert reshard.reusable(dst, TAG) is None
+    with pytest.raises(verify.CheckpointError, match="took over"):
+        reshard.convert(dst, TAG, timeout=0.5)  # a conversion past its bound stops, nothing committed
+    assert reshard.reusable(dst, TAG) is None
+    manifest, reused = reshard.ensure_universal(dst, TAG)
+    assert not reused and manifest["source_world_size"] == 2 and not partial.exists()
+
+
+def test_a_damaged_or_stale_copy_is_converted_again(source, tmp_path):
+    dst = shutil.copytree(source, tmp_path / "ckpt")
+    manifest, _ = reshard.ensure_universal(dst, TAG)
+    assert reshard.ensure_universal(dst, TAG)[1], "an intact copy is reused"
+    victim = dst / reshard.UNIVERSAL / TAG / manifest["files"][-1]["path"]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    bad = cli("verify", dst / reshard.UNIVERSAL, "--tag", TAG)
+    assert bad.returncode == 1 and "does not match its SHA-256" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    assert not reshard.ensure_universal(dst, TAG)[1]
+    # a copy of other bytes than the source's current ones (its manifest hash changed) is stale too
+    source_manifest = dst / TAG / verify.MANIFEST
+    source_manifest.write_text(source_manifest.read_text() + "\n")
+    assert reshard.reusable(dst, TAG) is None
+
+
+def test_a_universal_manifest_cannot_point_outside_its_folder(source, tmp_path):
+    dst = shutil.copytree(source, tmp_path / "ckpt")
+    reshard.ensure_universal(dst, TAG)
+    path = dst / reshard.UNIVERSAL / TAG / verify.MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["files"][0]["path"] = "../../" + TAG + "/" + manifest["files"][0]["path"]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(verify.CheckpointError, match="not a file of"):
+        verify.verify_universal(path.parent)
+
+
+def test_reshard_inspect_and_verify_from_the_shell(source, tmp_path):
+    dst = shutil.copytree(source, tmp_path / "ckpt")
+    done = cli("reshard", dst)
+    assert done.returncode == 0, done.stderr
+    assert f"{TAG} was saved by 2 rank(s)" in done.stdout and "every size and SHA-256 matches" in done.stdout
+    shown = cli("inspect", dst / reshard.UNIVERSAL, "--tag", TAG)
+    assert shown.returncode == 0 and "transformer.wte.weight" in shown.stdout
+    assert f"{json.loads((dst / TAG / verify.MANIFEST).read_text())['identity']['num_params']:,} elements" \
+        in shown.stdout
+    assert cli("verify", dst / reshard.UNIVERSAL, "--tag", TAG).returncode == 0
+    missing = cli("reshard", tmp_path / "nothing")
+    assert missing.returncode == 1 and "no committed checkpoint" in missing.stderr

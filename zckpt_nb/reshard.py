@@ -1,0 +1,209 @@
+"""Change the world size of a ZeRO-3 checkpoint: DeepSpeed's universal checkpoint, committed like a save.
+
+A ZeRO-3 checkpoint is N flat partitions, and DeepSpeed loads it only on N ranks ("Automatic adjustment of ZeRO's
+optimizer state partitioning with a new world size is not currently supported"). DeepSpeed's `ds_to_universal`
+rewrites it as one folder per parameter (fp32 weights, Adam's two moments, the step), which a
+`"checkpoint": {"load_universal": true}` engine loads on any number of ranks. This module runs that converter and
+commits its output the way `zckpt_nb.commit` commits a save:
+
+- every source file first passes its SHA-256 and a weights-only unpickle (the converter loads with
+  weights_only=False), and the converter runs in a child process, measured (seconds, bytes, peak RSS);
+- it writes under a temporary name; the manifest (every file's size and SHA-256, the source manifest's SHA-256)
+  is written last, then the folder is renamed into place. A crash mid-conversion leaves only the temporary
+  folder, which is never loaded and which the next conversion removes;
+- a later resume reuses a copy whose source manifest hash still matches, after checking its files.
+
+Layout: DIR/universal/<tag>/ holding zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt,
+the source's model-states files (DeepSpeed reads rank 0's client state from them) and zckpt_manifest.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb import commit
+from zckpt_nb.verify import (
+    FORMAT,
+    MANIFEST,
+    CheckpointError,
+    read_manifest,
+    sha256_file,
+    tag_to_resume,
+    verify_tag,
+    verify_universal,
+)
+
+UNIVERSAL = "universal"  # DIR/universal/<tag>: never a tag folder of DIR itself, so rotation and resume skip it
+
+
+def universal_dir(ckpt_dir: str | Path, tag: str) -> Path:
+    """Where the universal copy of `tag` lives."""
+    return Path(ckpt_dir) / UNIVERSAL / tag
+
+
+def manifest_hash(ckpt_dir: str | Path, tag: str) -> str:
+    """SHA-256 of the source checkpoint's manifest: names exactly the bytes a copy was converted from."""
+    return sha256_file(Path(ckpt_dir) / tag / MANIFEST)
+
+
+def run_converter(src: Path, dst: Path, timeout: float) -> dict[str, Any]:
+    """Run `ds_to_universal` SRC -> DST in a child process; its seconds and peak RSS, or CheckpointError."""
+    start = time.perf_counter()
+    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+    try:
+        done = subprocess.run([sys.executable, "-m", "zckpt_nb.reshard", str(src), str(dst)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CheckpointError(f"converting {src} to a universal checkpoint took over {timeout:.0f} s; "
+                              "stopped (nothing was loaded)") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise CheckpointError(f"DeepSpeed's ds_to_universal failed on {src}: {last[:200]}")
+    peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
+    return {"seconds": time.perf_counter() - start, "peak_rss_bytes": peak}
+
+
+def file_entries(folder: Path) -> list[dict[str, Any]]:
+    """Manifest entries for every file under `folder`, each fsynced first (durable before the manifest names it)."""
+    entries = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        entries.append({"path": str(path.relative_to(folder)), "rank": None, "bytes": path.stat().st_size,
+                        "sha256": sha256_file(path)})
+    for sub in sorted({folder, *(p for p in folder.rglob("*") if p.is_dir())}):
+        commit.fsync_dir(sub)
+    return entries
+
+
+def manifest_text(folder: Path, tag: str, source: dict[str, Any], source_sha: str, cost: dict[str, Any]) -> str:
+    """The universal copy's manifest: what it was converted from, what it cost, every file it holds."""
+    files = file_entries(folder)
+    cost = {**cost, "bytes": sum(f["bytes"] for f in files),
+            "source_bytes": sum(f["bytes"] for f in source["files"])}
+    return json.dumps({"format": FORMAT, "kind": UNIVERSAL, "tag": tag, "step": source["step"],
+                       "source_world_size": source["world_size"], "identity": source.get("identity"),
+                       "source_manifest_sha256": source_sha, "conversion": cost, "files": files}, indent=1)
+
+
+def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> dict[str, Any]:
+    """Convert committed checkpoint `tag` into DIR/universal/<tag>, committed; returns its manifest."""
+    from zckpt_nb.safeload import check_files
+
+    ckpt_dir = Path(ckpt_dir)
+    source = check_files(ckpt_dir, tag)
+    final = universal_dir(ckpt_dir, tag)
+    tmp = final.with_name(f"{tag}.converting")
+    shutil.rmtree(tmp, ignore_errors=True)  # a conversion that crashed earlier
+    tmp.parent.mkdir(exist_ok=True)
+    cost = run_converter(ckpt_dir / tag, tmp, timeout)
+    (tmp.parent / "latest_universal").unlink(missing_ok=True)  # names the temporary folder; we always pass the tag
+    commit.atomic_write(tmp / MANIFEST, manifest_text(tmp, tag, source, manifest_hash(ckpt_dir, tag), cost))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    commit.fsync_dir(final.parent)
+    return read_manifest(final)
+
+
+def reusable(ckpt_dir: str | Path, tag: str) -> dict[str, Any] | None:
+    """The manifest of a committed universal copy of `tag` converted from its current bytes, else None."""
+    folder = universal_dir(ckpt_dir, tag)
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        manifest = verify_universal(folder)
+    except CheckpointError:
+        return None  # damaged: convert again
+    return manifest if manifest["source_manifest_sha256"] == manifest_hash(ckpt_dir, tag) else None
+
+
+def check_loadable(folder: Path) -> None:
+    """Unpickle every file of a verified copy weights-only (DeepSpeed's universal load uses weights_only=False)."""
+    from zckpt_nb.safeload import load
+
+    for entry in read_manifest(folder)["files"]:
+        if entry["path"].endswith(".pt"):
+            load(folder / entry["path"], mmap=True)
+
+
+def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | None = None,
+                     timeout: float = 600) -> tuple[dict[str, Any], bool]:
+    """A committed universal copy of `tag`, converted now or reused; returns (its manifest, reused?)."""
+    verify_tag(ckpt_dir, tag, identity=identity)
+    manifest = reusable(ckpt_dir, tag)
+    if manifest is not None:
+        check_loadable(universal_dir(ckpt_dir, tag))
+        return manifest, True
+    return convert(ckpt_dir, tag, timeout), False
+
+
+def describe_conversion(manifest: dict[str, Any], reused: bool, world: int | None) -> str:
+    """One line: what was converted (or reused), what it cost, where it loads (on `world` ranks, or any)."""
+    c, n = manifest["conversion"], manifest["source_world_size"]
+    peak = c["peak_rss_bytes"] / 2**20
+    what = "reusing its universal copy" if reused else \
+        f"converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS {peak:.0f} MiB)"
+    where = f"this run has {world}" if world else "resume it on any number of ranks with train --resume --nproc M"
+    return (f"{manifest['tag']} was saved by {n} rank(s), {where}: {what}, "
+            f"{c['source_bytes'] / 2**20:.1f} MiB -> {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files "
+            f"under {UNIVERSAL}/{manifest['tag']}" + ("; loading it with DeepSpeed's load_universal" if world else ""))
+
+
+def saved_world_size(ckpt_dir: str | Path) -> int | None:
+    """World size of the checkpoint a resume would pick (None when there is none or it is unreadable)."""
+    try:
+        tag, _ = tag_to_resume(ckpt_dir)
+        return int(read_manifest(Path(ckpt_dir) / tag)["world_size"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
+
+
+def resume_source(ckpt_dir: str | Path, identity: dict[str, Any],
+                  timeout: float = 600) -> tuple[str, str | None, Path, dict[str, Any] | None]:
+    """Every rank: (tag, note, folder to load from, the universal manifest or None), the same on every rank.
+
+    Same world size: the checkpoint itself (each rank verifies its own files). Another world size: rank 0
+    converts once (or reuses a copy), every other rank waits for its verdict; CheckpointError on every rank.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    if commit.from_rank0(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None) in (None, world):
+        tag, note = commit.agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
+        return tag, note, Path(ckpt_dir), None
+    result: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        try:
+            tag, note = tag_to_resume(ckpt_dir)
+            manifest, reused = ensure_universal(ckpt_dir, tag, identity, timeout)
+            line = describe_conversion(manifest, reused, world)
+            result = {"tag": tag, "note": f"{note}; {line}" if note else line, "manifest": manifest, "reused": reused}
+        except CheckpointError as e:
+            result = {"error": str(e)}
+    result = commit.from_rank0(result)
+    if "error" in result:
+        raise CheckpointError(result["error"])
+    return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, {**result["manifest"], "reused": result["reused"]}
+
+
+def main(argv: list[str]) -> None:
+    """The converter's child process: DeepSpeed's ds_to_universal, one worker, then this process's peak RSS."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    src, dst = argv
+    sys.argv = ["ds_to_universal", "--input_folder", src, "--output_folder", dst,
+                "--num_extract_workers", "1", "--num_merge_workers", "1"]  # in-process: one peak RSS to report
+    ds_to_universal.main(ds_to_universal.parse_arguments())
+    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
