@@ -72,6 +72,24 @@ def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(re
     assert all(s["timings"]["fsync"] > 0 and s["timings"]["hash"] > 0 for s in saves)
 
 
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory):
+    """The small preset on 2 ranks, saving once after 2 steps."""
+    return launch(2, 2, tmp_path_factory.mktemp("small"), save_checkpoint=True, model="small", verbose=False,
+                  progress=False, timeout=600)
+
+
+@pytest.mark.parametrize("which", ["ref_run", "small_run"])
+def test_preflight_estimate_is_never_below_the_files_written_and_within_5_percent(which, request):
+    result = request.getfixturevalue(which)
+    for tag in verify.committed_tags(result.output_dir):
+        manifest = json.loads((result.output_dir / tag / MANIFEST).read_text())
+        for record in result.ranks:
+            written = sum(f["bytes"] for f in manifest["files"] if f["rank"] == record["rank"])
+            estimate = next(s["estimated_bytes"] for s in record["saves"] if s["tag"] == tag)
+            assert written <= estimate <= 1.05 * written, (tag, record["rank"], estimate, written)
+
+
 def test_zero_to_fp32_converts_the_committed_checkpoint(ref_run, tmp_path):
     # DeepSpeed's own script reads a checkpoint written through the protocol (load_checkpoint: the resumes below).
     import torch
@@ -132,7 +150,7 @@ def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monk
 
 
 def test_save_that_cannot_fit_is_refused_and_abort_stops_every_rank(tmp_path):
-    with small_disk(tmp_path / "small", "size=10m") as disk:  # one tiny checkpoint fits, a second does not
+    with small_disk(tmp_path / "small", "size=8m") as disk:  # one tiny checkpoint (5.2 MB) fits, a second does not
         out = disk / "run"
         text = failed_launch(out, extra=["--on_save_error", "abort"])
         assert "save global_step8 failed" in text and "not enough free space" in text

@@ -1,10 +1,11 @@
 """Fast checks of the pieces that need no distributed job."""
 
 import math
+import os
 
 import pytest
 
-from zckpt_nb import data
+from zckpt_nb import data, verify
 from zckpt_nb.launch import Progress, UsageError, check_train_args, label
 from zckpt_nb.model import PRESETS, accumulation_steps, ds_config, get_preset, ln_vocab, param_count
 
@@ -78,3 +79,38 @@ def test_more_gpu_ranks_than_gpus_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr("zckpt_nb.launch.gpu_count", lambda: 1)  # pretend: this machine has one GPU
     with pytest.raises(UsageError, match="more GPU ranks than the 1 GPU"):
         check_train_args(2, 10, tmp_path, resume=False, model="tiny")
+
+
+@pytest.fixture
+def fake_ckpt(tmp_path):
+    """A committed 2-rank tag of random bytes (files of different sizes) with its manifest; the rank files in order."""
+    tag_dir = tmp_path / "global_step1"
+    tag_dir.mkdir()
+    paths = [tag_dir / f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+    for i, path in enumerate(paths):
+        path.write_bytes(os.urandom(2**16 * (i + 1)))
+    files = [verify.file_record(p, tag_dir, int(p.name.split("_")[3]), verify.sha256_file(p)) for p in paths]
+    (tag_dir / verify.MANIFEST).write_text(verify.manifest_text(tmp_path, "global_step1", 1, 2, {}, [{"files": files}]))
+    return paths
+
+
+def flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(data)
+
+
+def test_parallel_verification_reports_the_first_corrupted_file_in_manifest_order(fake_ckpt):
+    root = fake_ckpt[0].parent.parent
+    assert verify.verify_tag(root, "global_step1")["world_size"] == 2
+    flip_last_byte(fake_ckpt[3])
+    with pytest.raises(verify.CheckpointError, match="rank_1_mp_rank_00_optim_states.pt does not match its SHA-256"):
+        verify.verify_tag(root, "global_step1")
+    verify.verify_tag(root, "global_step1", ranks=[0])  # a rank hashes only its own files
+    flip_last_byte(fake_ckpt[1])
+    with pytest.raises(verify.CheckpointError, match="rank_0_mp_rank_00_optim_states.pt does not match"):
+        verify.verify_tag(root, "global_step1")
+    with open(fake_ckpt[2], "ab") as f:  # a wrong size anywhere is reported before any hash
+        f.write(b"x")
+    with pytest.raises(verify.CheckpointError, match="rank_1_mp_rank_00_model_states.pt has .* bytes"):
+        verify.verify_tag(root, "global_step1")

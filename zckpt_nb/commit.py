@@ -5,8 +5,8 @@ ranks' shards are known to be complete) and never fsyncs. A crash then leaves `l
 half-written checkpoint. Here every rank runs the same sequence of steps and collectives:
 
 1. preflight: rank 0 creates the folder and writes the tokenizer (once, atomically); every rank
-   estimates the bytes it will write; one `all_gather_object` shares problems and free space, and no
-   rank enters DeepSpeed's save unless every rank can;
+   predicts the bytes of its files (the cost model, `zckpt_nb.shards`); one `all_gather_object` shares
+   problems and free space, and no rank enters DeepSpeed's save unless every rank can;
 2. `engine.save_checkpoint(..., save_latest=False)` on every rank, through `DeferredErrorWriter`: each
    file is hashed while written and fsynced, and a write error is *kept*, not raised, so every rank
    still runs DeepSpeed's own barriers to the end (a rank raising there would leave the others waiting);
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb import faults, measure
+from zckpt_nb.shards import engine_file_bytes
 from zckpt_nb.verify import (
     MANIFEST,
     CheckpointError,
@@ -47,7 +48,7 @@ TIMEOUT_WORDS = ("timed out", "timeout", "connection closed", "connection reset"
 
 @dataclass
 class SaveOutcome:
-    """What one save did, identical on every rank (except `timings`, which are this rank's)."""
+    """What one save did, identical on every rank (except `timings` and `estimated_bytes`, which are this rank's)."""
 
     tag: str
     step: int
@@ -58,6 +59,7 @@ class SaveOutcome:
     deleted: list[str] = field(default_factory=list)  # tags removed by --keep_last (zckpt_nb.rotation)
     rotation_error: str | None = None  # what --keep_last could not delete; the commit stands regardless
     skipped: bool = False  # this rank did not take part (only the seed's rank-0-only pattern does that)
+    estimated_bytes: int = 0  # the preflight's prediction of this rank's files
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,17 +206,6 @@ def deferred_errors(engine: Any, writer: DeferredErrorWriter) -> Iterator[None]:
         del engine._copy_recovery_script  # back to the class's method
 
 
-def estimate_bytes(engine: Any) -> int:
-    """Bytes this rank's save will write: its fp32 partition and Adam's moments, plus 5% and 1 MiB for headers.
-
-    The wrapped torch optimizer holds exactly this rank's fp32 partitions (its params) and their state.
-    """
-    inner = engine.optimizer.optimizer
-    tensors = [p for g in inner.param_groups for p in g["params"]]
-    tensors += [v for s in inner.state.values() for v in s.values() if hasattr(v, "element_size")]
-    return int(sum(t.numel() * t.element_size() for t in tensors) * 1.05) + 2**20
-
-
 def nearest_existing(path: Path) -> Path:
     """`path` or its closest existing ancestor (for disk_usage before the folder exists)."""
     while not path.exists():
@@ -323,10 +314,11 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
     import torch.distributed as dist
 
     start, rank, save_dir = time.perf_counter(), dist.get_rank(), Path(save_dir)
-    reports = gather(preflight(save_dir, estimate_bytes(engine), rank, prepare))
+    need = engine_file_bytes(engine, state)
+    reports = gather(preflight(save_dir, need, rank, prepare))
     error = first_errors(reports) or space_problem(reports, save_dir)
     if error:
-        return SaveOutcome(tag, step, False, error, time.perf_counter() - start)
+        return SaveOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
 
     faults.maybe("fill", rank, step, save_dir)
     writer = DeferredErrorWriter(engine.checkpoint_engine, rank, step)
@@ -362,7 +354,7 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
     seconds = time.perf_counter() - start
     timings = {"write": write_seconds - writer.fsync_seconds - writer.hash_seconds, "fsync": writer.fsync_seconds,
                "hash": writer.hash_seconds, "protocol": seconds - write_seconds}
-    return SaveOutcome(tag, step, outcome["error"] is None, outcome["error"], seconds, timings)
+    return SaveOutcome(tag, step, outcome["error"] is None, outcome["error"], seconds, timings, estimated_bytes=need)
 
 
 def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +109,8 @@ def check_paths(folder: Path, entries: list[dict[str, Any]], manifest: Path, nes
                                   "a symlink leading out); refusing the checkpoint: restore its files or save it again")
 
 
-def check_file(tag_dir: Path, entry: dict[str, Any], hash_it: bool) -> None:
-    """One file against its manifest entry: present, same size, same SHA-256."""
+def check_file(tag_dir: Path, entry: dict[str, Any]) -> Path:
+    """One file against its manifest entry: present and of the same size; returns its path."""
     path = tag_dir / entry["path"]
     if not path.is_file():
         whose = "" if entry["rank"] is None else f" (rank {entry['rank']}'s file)"
@@ -117,8 +119,20 @@ def check_file(tag_dir: Path, entry: dict[str, Any], hash_it: bool) -> None:
     if size != entry["bytes"]:
         raise CheckpointError(f"{path} has {size:,} bytes, the manifest says {entry['bytes']:,} "
                               "(truncated or rewritten)")
-    if hash_it and sha256_file(path) != entry["sha256"]:
-        raise CheckpointError(f"{path} does not match its SHA-256 in the manifest (corrupted)")
+    return path
+
+
+def check_hashes(files: list[tuple[Path, str]], workers: int | None = None) -> None:
+    """Each (path, SHA-256) pair, hashed in parallel; the first mismatch in list order is the error.
+
+    hashlib releases the GIL while it hashes, so one file per thread runs on all cores (`workers`, default the
+    CPU count); the files are only read, nothing is unpickled.
+    """
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
+        digests = list(pool.map(sha256_file, [path for path, _ in files]))
+    for (path, expected), digest in zip(files, digests):
+        if digest != expected:
+            raise CheckpointError(f"{path} does not match its SHA-256 in the manifest (corrupted)")
 
 
 def check_ranks(tag_dir: Path, manifest: dict[str, Any]) -> None:
@@ -167,8 +181,10 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
     check_paths(tag_dir, manifest["files"], tag_dir / MANIFEST)
     check_paths(tag_dir.parent, shared, tag_dir / MANIFEST)
     check_ranks(tag_dir, manifest)
-    for folder, entry in [(tag_dir, e) for e in manifest["files"]] + [(tag_dir.parent, e) for e in shared]:
-        check_file(folder, entry, hash_it=ranks is None or entry["rank"] in ranks)
+    entries = [(tag_dir, e) for e in manifest["files"]] + [(tag_dir.parent, e) for e in shared]
+    paths = [check_file(folder, entry) for folder, entry in entries]  # every presence and size before any hash
+    check_hashes([(path, entry["sha256"]) for path, (_, entry) in zip(paths, entries)
+                  if ranks is None or entry["rank"] in ranks])
     return manifest
 
 
