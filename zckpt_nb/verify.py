@@ -195,8 +195,8 @@ def verify_universal(folder: str | Path) -> dict[str, Any]:
     if manifest.get("kind") != "universal":
         raise CheckpointError(f"{folder / MANIFEST} is not the manifest of a universal checkpoint")
     check_paths(folder, manifest["files"], folder / MANIFEST, nested=True)
-    for entry in manifest["files"]:
-        check_file(folder, entry, hash_it=True)
+    paths = [check_file(folder, entry) for entry in manifest["files"]]
+    check_hashes([(path, entry["sha256"]) for path, entry in zip(paths, manifest["files"])])
     return manifest
 
 
