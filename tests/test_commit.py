@@ -62,7 +62,7 @@ def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(re
     assert verify.latest_name(out) == "global_step12" and ref_run.data["failed_saves"] == []
     manifest = json.loads((out / "global_step12" / MANIFEST).read_text())
     assert (manifest["world_size"], manifest["step"]) == (2, 12)
-    assert manifest["identity"] == {"model": "tiny", "num_params": ref_run.num_params}
+    assert manifest["identity"] == {"model": "tiny", "num_params": ref_run.num_params, "global_batch": 16}
     assert sorted((f["rank"], f["path"].split("_")[-2]) for f in manifest["files"]) == \
         [(0, "model"), (0, "optim"), (1, "model"), (1, "optim")]
     done = verify_cli(out)
