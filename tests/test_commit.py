@@ -247,9 +247,9 @@ def test_resume_and_export_refuse_a_manifest_entry_leading_out(copy, tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"nproc": 1}, "was saved by 2 ranks; this run has 1"),
-    ({"model": "small"}, "'model': 'tiny'"),
-], ids=["other-world-size", "other-model"])
+    ({"extra": ["--global_batch", "32"]}, "global_batch 16 (this run: 32)"),
+    ({"model": "small"}, "model 'tiny' (this run: 'small')"),
+], ids=["other-global-batch", "other-model"])
 def test_resume_refuses_a_checkpoint_that_does_not_fit(copy, kw, message):
     text = failed_launch(copy, resume=True, **kw)
     assert message in text

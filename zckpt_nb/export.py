@@ -249,7 +249,11 @@ def check_model_dir(model_dir: Path) -> None:
 
 
 def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> str:
-    """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation."""
+    """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation.
+
+    No word-piece trigram may repeat (transformers' `no_repeat_ngram_size`): greedy decoding of a model this small
+    otherwise settles into one token repeated ("will will will").
+    """
     from transformers import AutoConfig, AutoTokenizer, pipeline
 
     check_model_dir(Path(model_dir))
@@ -259,7 +263,7 @@ def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> st
     context = AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings  # GPT-2's n_positions
     check_fits(len(tokenizer(prompt, verbose=False)["input_ids"]), max_new_tokens, context)
     pipe = pipeline("text-generation", model=str(model_dir), tokenizer=tokenizer)
-    return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False)[0]["generated_text"]
+    return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False, no_repeat_ngram_size=3)[0]["generated_text"]
 
 
 def check_fits(prompt_tokens: int, max_new_tokens: int, context: int) -> None:

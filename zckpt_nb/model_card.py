@@ -102,7 +102,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 model = AutoModelForCausalLM.from_pretrained("{model_dir_name}")
 tokenizer = AutoTokenizer.from_pretrained("{model_dir_name}")
-print(pipeline("text-generation", model="{model_dir_name}")("The keeper", max_new_tokens=30, do_sample=False))
+generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+print(generator("The keeper", max_new_tokens=30, do_sample=False, no_repeat_ngram_size=3))
 ```
 
 Prompt plus new tokens must fit in {facts['context']} tokens. Written by transformers {facts['transformers']}; the

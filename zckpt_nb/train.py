@@ -318,7 +318,8 @@ def train(argv: list[str] | None = None) -> None:
     save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
                                          per_param=args.save_gathered, rank=rank, device=device)
     if args.save_reference:
-        fixed = data.batch_for_step(tokens, step=args.steps, rank=0, seed=args.seed, batch=2, seq_len=preset.seq_len)
+        fixed = data.global_batch_for_step(tokens, step=args.steps, seed=args.seed, global_batch=2,
+                                           seq_len=preset.seq_len)
         consolidate.save_reference(engine, fixed.to(device), args.output_dir, rank)
 
     tag = verify.latest_name(args.output_dir) if len(saves) > len(failed) else None
