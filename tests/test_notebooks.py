@@ -24,6 +24,7 @@ MATRIX = [
     ("04", {"NPROC": 1, "STEPS": 60}),
     ("05", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
     ("06", {"NPROC": 1}),
+    ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0}),
 ]
@@ -66,6 +67,12 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         modes = parameters.get("MODES", list(compare.MODES))
         records = compare.select(compare.load_records(runs), "tiny", sizes, modes, threshold)
         assert claims.agreement_verdict(compare.agreement(records)) in text
+    if prefix == "07":
+        base = RunResult.from_dir(runs / "uninterrupted", [], 0.0)
+        resumed = {int(d.name.rsplit("_", 1)[1]): RunResult.from_dir(d, [], 0.0)
+                   for d in sorted(runs.glob("resumed_on_*"))}
+        assert claims.reshard_sentence(claims.reshard_rows(base, resumed)) in text
+        assert all(r.data["global_batch"] == parameters.get("GLOBAL_BATCH", 16) for r in [base, *resumed.values()])
     if prefix == "09":
         get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
         bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"))

@@ -102,3 +102,34 @@ def memory_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) -> str:
             f"furthest is {worst['mode']} at N = {worst['N']}, rank {worst['rank']}: {worst['measured MiB']} MiB "
             f"measured against {worst['predicted MiB']} MiB ({worst['predicted terms (MiB)']}). Records with no "
             "prediction (the partitioned save, ranks that only send) show what was measured.")
+
+
+def reshard_rows(base: Any, runs: dict[int, Any]) -> list[dict[str, Any]]:
+    """Per resumed run (notebook 07): how it loaded, what converting cost, and its losses against `base`'s."""
+    by_step = dict(zip(base.steps, base.losses))
+    rows = []
+    for world, run in runs.items():
+        done = run.data["resharded"]
+        converted = done is not None and not done["reused"]
+        diffs = [abs(by_step[s] - loss) for s, loss in zip(run.steps, run.losses) if s in by_step]
+        rows.append({"resumed on N": world, "saved by N": done["source_world_size"] if done else base.world_size,
+                     "loaded from": "universal copy" if done else "the checkpoint itself",
+                     "accumulation steps": run.data["gradient_accumulation_steps"],
+                     "conversion (s)": round(done["conversion"]["seconds"], 2) if converted else 0.0,
+                     "conversion peak RSS (MiB)": round(done["conversion"]["peak_rss_bytes"] / 2**20) if converted
+                     else 0, "steps compared": len(diffs), "max |loss difference|": max(diffs, default=float("nan"))})
+    return rows
+
+
+def reshard_sentence(rows: list[dict[str, Any]], tolerance: float = 1e-4) -> str:
+    """Whether each resumed run continued the uninterrupted optimisation, judged against float-reduction noise."""
+    off = [r for r in rows if not r["max |loss difference|"] <= tolerance]
+    worst = max(rows, key=lambda r: r["max |loss difference|"])
+    told = (f"the largest difference is {worst['max |loss difference|']:.1e} (resumed on N = {worst['resumed on N']}, "
+            f"over {worst['steps compared']} steps)")
+    if not off:
+        return (f"Every resumed run ({', '.join(str(r['resumed on N']) for r in rows)} ranks) continued the "
+                f"uninterrupted optimisation: {told}, within the {tolerance:.0e} that a different order of float "
+                "additions explains.")
+    return (f"{len(off)} of {len(rows)} resumed runs left the uninterrupted optimisation (N = "
+            f"{', '.join(str(r['resumed on N']) for r in off)}): {told}, above {tolerance:.0e}.")

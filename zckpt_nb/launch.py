@@ -344,6 +344,14 @@ def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/")
     return {who: found[-last:] for who, found in sorted(lines.items())}
 
 
+def rank_errors(output_dir: str | Path) -> dict[str, str]:
+    """The last exception line each rank printed (from DIR/launch.log): what a failed job said, rank by rank."""
+    pattern = re.compile(r"^[\w.]*(Error|Exception)\b")  # a traceback's last line, not its `raise ...` lines
+    found = {who: [line.strip() for line in lines] for who, lines in rank_lines(output_dir, last=10**6).items()}
+    return {who: next((line for line in reversed(lines) if pattern.match(line)), "(no exception)")
+            for who, lines in found.items()}
+
+
 def try_spawn(fn: Callable[[int], Any], nprocs: int = 2, timeout: float = 60.0) -> str:
     """Start `fn` on `nprocs` processes with `torch.multiprocessing` (spawn), as a notebook would; say what happened.
 

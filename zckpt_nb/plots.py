@@ -244,3 +244,17 @@ def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, toleranc
            yscale="log")
     ax.legend(fontsize=8)
     return add_caption(fig, caption)
+
+
+def plot_bytes_by_kind(parts: dict[str, dict[str, int]], *, title: str, caption: str) -> Figure:
+    """One stacked bar per checkpoint layout (e.g. a save and its universal copy), split by kind of file."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    kinds = sorted({k for part in parts.values() for k in part})
+    bottom = [0.0] * len(parts)
+    for kind in kinds:
+        sizes = [part.get(kind, 0) / 2**20 for part in parts.values()]
+        ax.bar(list(parts), sizes, bottom=bottom, label=kind)
+        bottom = [b + s for b, s in zip(bottom, sizes)]
+    ax.set(title=title, xlabel="checkpoint layout", ylabel="bytes on disk (MiB)")
+    ax.legend(fontsize=8)
+    return add_caption(fig, caption)

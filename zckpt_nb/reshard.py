@@ -33,6 +33,7 @@ from zckpt_nb import commit
 from zckpt_nb.verify import (
     FORMAT,
     MANIFEST,
+    RANK_FILE,
     CheckpointError,
     read_manifest,
     sha256_file,
@@ -166,15 +167,19 @@ def saved_world_size(ckpt_dir: str | Path) -> int | None:
         return None
 
 
-def resume_source(ckpt_dir: str | Path, identity: dict[str, Any],
-                  timeout: float = 600) -> tuple[str, str | None, Path, dict[str, Any] | None]:
+def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float = 600,
+                  convert: bool = True) -> tuple[str, str | None, Path, dict[str, Any] | None]:
     """Every rank: (tag, note, folder to load from, the universal manifest or None), the same on every rank.
 
     Same world size: the checkpoint itself (each rank verifies its own files). Another world size: rank 0
     converts once (or reuses a copy), every other rank waits for its verdict; CheckpointError on every rank.
+    `convert=False` is notebook 07's trap: the newest checkpoint goes to DeepSpeed's own loader as it is.
     """
     import torch.distributed as dist
 
+    if not convert:
+        tag, note = tag_to_resume(ckpt_dir)
+        return tag, note, Path(ckpt_dir), None
     world = dist.get_world_size()
     if commit.from_rank0(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None) in (None, world):
         tag, note = commit.agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
@@ -192,6 +197,30 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any],
     if "error" in result:
         raise CheckpointError(result["error"])
     return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, {**result["manifest"], "reused": result["reused"]}
+
+
+def bytes_by_kind(manifest: dict[str, Any]) -> dict[str, int]:
+    """Bytes of a manifest's files by kind: model/optimizer states of a save; fp32, moments, ... of a universal copy."""
+    kinds: dict[str, int] = {}
+    for entry in manifest["files"]:
+        name = Path(entry["path"]).name
+        rank_file = RANK_FILE.search(name)
+        kind = f"{rank_file.group(2)} states (rank files)" if rank_file else name
+        kinds[kind] = kinds.get(kind, 0) + entry["bytes"]
+    return kinds
+
+
+def resume_on(source: str | Path, tag: str, worlds: list[int], steps: int, out_root: str | Path,
+              **launch_kw: Any) -> dict[int, Any]:
+    """Notebook 07: resume a copy of checkpoint `tag` on each world size in `worlds`; their `RunResult`s."""
+    from zckpt_nb.checkpoint import copy_checkpoint
+    from zckpt_nb.launch import launch
+
+    runs = {}
+    for world in worlds:
+        folder = copy_checkpoint(source, Path(out_root) / f"resumed_on_{world}", tag)
+        runs[world] = launch(world, steps, folder, resume=True, **launch_kw)
+    return runs
 
 
 def main(argv: list[str]) -> None:

@@ -46,6 +46,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint 'latest' names")
     parser.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reshard", default="auto", choices=["auto", "never"],
+                        help="auto: a checkpoint of another world size is converted (zckpt_nb.reshard) and loaded "
+                             "universally; never: hand it to DeepSpeed's own loader as it is (notebook 07's trap)")
     parser.add_argument("--global_batch", type=int, default=0,
                         help="sequences per optimizer step, shared by all ranks (0: the preset's); a resume keeps "
                              "the checkpoint's, on any number of ranks")
@@ -256,7 +259,8 @@ def train(argv: list[str] | None = None) -> None:
     universal = None
     if args.resume:  # before anything is built: the newest committed checkpoint, verified (converted if N differs)
         resume_tag, note, load_dir, universal = reshard.resume_source(
-            args.output_dir, identity, timeout=0.9 * collective_timeout(args.collective_timeout))
+            args.output_dir, identity, timeout=0.9 * collective_timeout(args.collective_timeout),
+            convert=args.reshard == "auto")
         verify.check_config(args.output_dir, gpt2_config(args.model).to_dict(), args.model)
         if note and rank == 0:
             print(note, flush=True)
