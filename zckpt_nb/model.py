@@ -75,6 +75,7 @@ def ds_config(
     gather_16bit_on_save: bool = False,
     comms_logger: bool = False,
     persistence_threshold: int = 0,
+    node_local_storage: bool = False,
 ) -> dict[str, Any]:
     """The DeepSpeed ZeRO-3 config for preset `name` (one JSON-able dict, nothing hidden)."""
     p = get_preset(name)
@@ -106,6 +107,8 @@ def ds_config(
             "overlap_comm": False,
         },
         "comms_logger": {"enabled": comms_logger, "verbose": False, "prof_all": True, "debug": False},
+        # each node's ranks save into that node's own folder; local rank 0 of each node creates it (zckpt_nb.nodes)
+        "checkpoint": {"use_node_local_storage": node_local_storage},
     }
 
 
