@@ -71,6 +71,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    from zckpt_nb.nodes import collect
+    from zckpt_nb.verify import CheckpointError, describe
+
+    try:
+        manifest = collect(args.parts, args.out, args.tag)
+    except CheckpointError as e:
+        print(f"zckpt_nb collect: {e}", file=sys.stderr)
+        return 1
+    print(f"collected {len(args.parts)} node folders into {args.out}: {describe(manifest)}")
+    return 0
+
+
 def cmd_costs(args: argparse.Namespace) -> int:
     import json
 
@@ -197,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("ckpt_dir")
     ver.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     ver.set_defaults(func=cmd_verify)
+
+    col = sub.add_parser("collect", help="assemble the node-local parts of a checkpoint into one folder")
+    col.add_argument("parts", nargs="+", metavar="DIR", help="each node's --output_dir")
+    col.add_argument("out", metavar="OUT", help="a new folder for the whole checkpoint")
+    col.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
+    col.set_defaults(func=cmd_collect)
 
     costs = sub.add_parser("costs", help="plan a ZeRO-3 checkpoint from the model config alone: bytes and seconds")
     which = costs.add_mutually_exclusive_group()

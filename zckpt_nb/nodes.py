@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,3 +142,51 @@ def check_layout(output_dir: str | Path, node_local: bool) -> None:
     problem = layout_problem(reports, output_dir, node_local)
     if problem:
         raise LayoutError(problem)
+
+
+def drop_partial(output_dir: str | Path, tag: str) -> None:
+    """A folder's writer before resuming from `tag`: delete the newer checkpoints committed here but not on every
+    node (a crash between the nodes' commits), so their steps can be saved again; a failure is one printed line."""
+    from zckpt_nb.rotation import delete_tag
+    from zckpt_nb.verify import committed_tags, step_of
+
+    for newer in [t for t in committed_tags(output_dir) if step_of(t) > step_of(tag)]:
+        error = delete_tag(Path(output_dir), newer)
+        if error:
+            print(f"cannot drop {newer}, committed on this node only: {error}", flush=True)
+
+
+def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) -> dict[str, Any]:
+    """Assemble the node-local parts of checkpoint `tag` (default: what `latest` names) into one folder `out`.
+
+    Each part is verified first (its own files' sizes and SHA-256 against its manifest), the copies again at the
+    end, so `out` is a plain checkpoint folder that `export` and DeepSpeed's `zero_to_fp32.py` read. Returns its
+    manifest; CheckpointError in one line otherwise.
+    """
+    from zckpt_nb.verify import MANIFEST, SHARED_FILES, CheckpointError, latest_name, manifest_text, verify
+
+    parts, out = [Path(p) for p in parts], Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out} is not empty; collect into a new folder")
+    tag = tag or latest_name(parts[0])
+    manifests = [verify(part, tag) for part in parts]
+    holder = {m.get("node"): part for m, part in zip(manifests, parts)}
+    files, needed = manifests[0]["files"], {e.get("node") for e in manifests[0]["files"]}
+    if None in holder or len(holder) < len(parts) or any(m["files"] != files for m in manifests):
+        raise CheckpointError(f"{', '.join(map(str, parts))} are not one node-local checkpoint {tag}, one folder "
+                              "per node; pass the --output_dir of each node of a --node_local_storage run")
+    if needed - holder.keys():
+        raise CheckpointError(f"no folder given for node(s) {', '.join(map(str, sorted(needed - holder.keys())))} "
+                              f"of {tag}; pass every node's --output_dir")
+    (out / tag).mkdir(parents=True)
+    for entry in files:
+        shutil.copy2(holder[entry["node"]] / tag / entry["path"], out / tag / entry["path"])
+    for name in (*SHARED_FILES, "zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed copies its scripts on rank 0
+        source = next((part / name for part in parts if (part / name).is_file()), None)
+        if source:
+            shutil.copy2(source, out / name)
+    first = manifests[0]
+    (out / tag / MANIFEST).write_text(manifest_text(out, tag, first["step"], first["world_size"],
+                                                         first["identity"], [{"files": files}]))
+    (out / "latest").write_text(tag)
+    return verify(out, tag)

@@ -236,6 +236,8 @@ def train(argv: list[str] | None = None) -> None:
         verify.check_config(args.output_dir, gpt2_config(args.model).to_dict(), args.model)
         if note and rank == 0:
             print(note, flush=True)
+        if nodes.writes_folder(args.node_local_storage):
+            nodes.drop_partial(args.output_dir, resume_tag)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
 
     # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
