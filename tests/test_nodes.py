@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zckpt_nb import lock, verify
+from zckpt_nb import checkpoint, lock, verify
 from zckpt_nb.launch import free_port, kill_tree
 from zckpt_nb.verify import MANIFEST
 
@@ -111,6 +111,75 @@ def test_a_node_killed_mid_save_keeps_the_previous_commit_and_resumes(shared_run
     again, first = losses(out), losses(shared_run)
     assert sorted(again) == [2, 3, 4, 5] and max(abs(again[s] - first[s]) for s in again) <= 1e-5
     assert verify.latest_name(out) == "global_step6" and verify_cli(out).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> list[Path]:
+    """Two nodes, each with its own folder (--node_local_storage): save every 2 steps, keep the last 2."""
+    root = tmp_path_factory.mktemp("local")
+    dirs = [root / "node0", root / "node1"]
+    results = two_nodes(dirs, "--save_every", str(EVERY), "--keep_last", "2", "--node_local_storage")
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    return dirs
+
+
+def test_node_local_folders_hold_their_part_and_a_manifest_of_the_whole(local_run):
+    for node, out in enumerate(local_run):
+        assert verify.committed_tags(out) == ["global_step4", "global_step6"]  # rotated on every node
+        assert verify.latest_name(out) == "global_step6"
+        own = [f"zero_pp_rank_{node}_mp_rank_00_{kind}_states.pt" for kind in ("model", "optim")]
+        assert sorted(p.name for p in (out / "global_step6").iterdir()) == [MANIFEST, *own]
+        manifest = json.loads((out / "global_step6" / MANIFEST).read_text())
+        assert manifest["node"] == node and [(f["rank"], f["node"]) for f in manifest["files"]] == \
+            [(0, 0), (0, 0), (1, 1), (1, 1)]
+        assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file() and (out / "run.json").is_file()
+        done = verify_cli(out)
+        assert done.returncode == 0 and len(done.stdout.strip().splitlines()) == 1
+        assert f"node {node}'s part checked here" in done.stdout
+        assert f"2 files live on node(s) {1 - node}" in done.stdout
+
+
+def test_collect_assembles_the_parts_for_export_and_zero_to_fp32(local_run, tmp_path):
+    import torch
+
+    whole = tmp_path / "whole"
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "collect", *map(str, local_run), str(whole)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert verify_cli(whole).stdout.startswith("ok: global_step6 (step 6, 2 ranks, 4 files")
+    state = torch.load(checkpoint.run_zero_to_fp32(whole, tmp_path / "fp32") / "pytorch_model.bin",
+                       map_location="cpu", weights_only=True)
+    assert sum({t.data_ptr(): t.numel() for t in state.values()}.values()) == json.loads(
+        (local_run[0] / "run.json").read_text())["num_params"]
+    exported = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(whole), str(tmp_path / "hf")],
+                              capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0 and (tmp_path / "hf" / "model.safetensors").is_file(), exported.stderr
+    one = subprocess.run([sys.executable, "-m", "zckpt_nb", "collect", str(local_run[0]), str(tmp_path / "half")],
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 1 and "no folder given for node(s) 1" in one.stderr
+    assert len(one.stderr.strip().splitlines()) == 1 and not (tmp_path / "half").exists()
+
+
+def test_node_local_resume_takes_the_newest_checkpoint_committed_on_every_node(local_run, shared_run, tmp_path):
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    for src, dst in zip(local_run, dirs):
+        shutil.copytree(src, dst)
+    (dirs[1] / "global_step6" / MANIFEST).unlink()  # node 0 committed step 6, node 1 crashed before it did
+    results = two_nodes(dirs, "--resume", "--save_checkpoint", "--node_local_storage")
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
+    note = next(line for line in results[0][1].splitlines() if "ignoring global_step6" in line)
+    assert "(not committed on every node)" in note and note.endswith("resuming from global_step4")
+    again, first = losses(dirs[0]), losses(shared_run)  # the same job as the shared one, file for file
+    assert sorted(again) == [4, 5] and max(abs(again[s] - first[s]) for s in again) <= 1e-5
+    assert all(verify_cli(out).returncode == 0 and verify.latest_name(out) == "global_step6" for out in dirs)
+
+
+def test_node_local_storage_in_one_shared_folder_is_refused(tmp_path):
+    out = tmp_path / "run"
+    results = two_nodes([out, out], "--node_local_storage")
+    for code, text in results:
+        assert code != 0 and "--node_local_storage, but node 0" in text and "write into one shared folder" in text
+        assert "step 1/" not in text
 
 
 def test_nodes_of_one_job_share_a_folder_lock_and_another_job_is_refused(tmp_path):
