@@ -182,6 +182,18 @@ def test_node_local_storage_in_one_shared_folder_is_refused(tmp_path):
         assert "step 1/" not in text
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--nnodes", "2"], "--nnodes 2 needs --master_port"),
+    (["--nnodes", "2", "--node_rank", "2", "--master_port", "29500"], "--node_rank in 0..1"),
+    (["--master_port", "70000"], "--master_port must be a TCP port"),
+])
+def test_bad_node_flags_are_refused_in_one_line_before_any_rank_starts(tmp_path, args, message):
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "train", "--output_dir", str(tmp_path / "out"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_nodes_of_one_job_share_a_folder_lock_and_another_job_is_refused(tmp_path):
     node0 = lock.take(tmp_path, "127.0.0.1:1111", 0)
     node1 = lock.take(tmp_path, "127.0.0.1:1111", 1)
