@@ -74,7 +74,7 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
                           SHARED_FILES)
     # ... but every rank saves its shard, and the checkpoint counts once every rank's shard is on disk
     outcome = commit.save(engine, output_dir, tag, state, step=step, identity=identity or {}, prepare=prepare)
-    if outcome.committed and keep_last:  # the same on every rank, so every rank joins rotation's broadcast
+    if outcome.committed and keep_last:  # the same on every rank, so every rank joins rotation's gather
         rotation.after_commit(output_dir, keep_last, outcome, node_local)
     return outcome
 

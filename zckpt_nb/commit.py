@@ -351,7 +351,7 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
             commit_error = describe_error(e, e.filename or save_dir / tag, rank, "committing")
             (save_dir / tag / MANIFEST).unlink(missing_ok=True)
             discard(save_dir, tag, writes)
-    error = error or first_errors(gather({"error": commit_error}))
+    error = error or first_errors(gather({"error": commit_error}))  # `error` is alike on all ranks: all gather or none
     seconds = time.perf_counter() - start
     timings = {"write": write_seconds - writer.fsync_seconds - writer.hash_seconds, "fsync": writer.fsync_seconds,
                "hash": writer.hash_seconds, "protocol": seconds - write_seconds}

@@ -76,12 +76,14 @@ def node_rank() -> int:
 
 
 def writes_folder(node_local: bool) -> bool:
-    """Does this rank write the files beside the tags, the manifest and `latest`? DeepSpeed's own rule:
-    rank 0, or each node's local rank 0 with node-local storage."""
+    """Does this rank write the folder's shared files, manifest and `latest` (rank 0; local rank 0 if node-local)?
+
+    DeepSpeed's own rule for creating the checkpoint folder.
+    """
     return int(os.environ.get("LOCAL_RANK" if node_local else "RANK", 0)) == 0
 
 
-def report(output_dir: Path, tokens: dict[int, str]) -> dict[str, Any]:
+def probe_report(output_dir: Path, tokens: dict[int, str]) -> dict[str, Any]:
     """This rank's view: node, host, filesystem identity of `output_dir` and which nodes' probes it sees there."""
     st = os.stat(output_dir)
     sees = [n for n, token in tokens.items() if read_probe(output_dir / PROBE.format(n)) == token]
@@ -135,7 +137,7 @@ def check_layout(output_dir: str | Path, node_local: bool) -> None:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe.write_text(mine)
     tokens = dict(pair for pair in gather((node_rank(), mine) if mine else None) if pair)
-    reports = gather(report(output_dir, tokens))
+    reports = gather(probe_report(output_dir, tokens))
     dist.barrier()  # every rank has looked before any probe goes
     if mine:
         probe.unlink(missing_ok=True)
@@ -145,8 +147,11 @@ def check_layout(output_dir: str | Path, node_local: bool) -> None:
 
 
 def drop_partial(output_dir: str | Path, tag: str) -> None:
-    """A folder's writer before resuming from `tag`: delete the newer checkpoints committed here but not on every
-    node (a crash between the nodes' commits), so their steps can be saved again; a failure is one printed line."""
+    """Before resuming from `tag`, a folder's writer deletes newer checkpoints committed on this node only.
+
+    A crash between the nodes' commits leaves them; deleting them lets their steps be saved again. A failure is one
+    printed line.
+    """
     from zckpt_nb.rotation import delete_tag
     from zckpt_nb.verify import committed_tags, step_of
 

@@ -177,8 +177,10 @@ def shared_records(ckpt_dir: Path) -> list[dict[str, Any]]:
 
 def manifest_text(ckpt_dir: Path, tag: str, step: int, world: int, identity: dict[str, Any],
                   reports: list[dict[str, Any]], node: int | None = None) -> str:
-    """The manifest: format, tag, step, world size, model identity, every rank's files and the shared files;
-    with node-local storage also `node`, the node whose folder it describes."""
+    """The manifest: format, tag, step, world size, model identity, every rank's files and the shared files.
+
+    With node-local storage it also names `node`, the node whose folder it describes.
+    """
     files = sorted((f for r in reports for f in r["files"]), key=lambda f: (f["rank"], f["path"]))
     where = {} if node is None else {"node": node}
     return json.dumps({"format": FORMAT, "tag": tag, "step": step, "world_size": world, "identity": identity,
@@ -210,8 +212,10 @@ def verify(ckpt_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
 
 
 def tag_to_resume(ckpt_dir: str | Path, among: set[str] | None = None) -> tuple[str, str | None]:
-    """The newest committed tag (of `among`: those committed on every node), and one line saying what was skipped
-    (newer incomplete saves, a stale `latest`)."""
+    """The newest committed tag (of `among`, when given), and one line saying what was skipped.
+
+    Skipped: newer incomplete saves, newer tags not in `among` (not committed on every node), a stale `latest`.
+    """
     committed = [t for t in committed_tags(ckpt_dir) if among is None or t in among]
     if not committed:
         raise CheckpointError(f"no committed checkpoint in {ckpt_dir} (no tag folder holds {MANIFEST}"
