@@ -67,19 +67,17 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
     failed, with `.error` saying which rank, what and where. See `zckpt_nb.commit`. With `keep_last`, a
     committed save is followed by rotation (`zckpt_nb.rotation`), whose failure only sets `.rotation_error`.
     """
-    import torch.distributed as dist
+    from zckpt_nb import commit, nodes, rotation
 
-    from zckpt_nb import commit, rotation
-
-    step = state[CLIENT_KEY]["step"]
+    step, node_local = state[CLIENT_KEY]["step"], bool(engine.use_node_local_storage())
     tag, prepare = f"global_step{step}", None
-    if dist.get_rank() == 0:  # one process creates the directory and writes the tokenizer ...
+    if nodes.writes_folder(node_local):  # one process per folder creates the directory and writes the tokenizer ...
         prepare = partial(commit.prepare_folder, output_dir, tag, partial(write_shared, engine, tokenizer),
                           SHARED_FILES)
     # ... but every rank saves its shard, and the checkpoint counts once every rank's shard is on disk
     outcome = commit.save(engine, output_dir, tag, state, step=step, identity=identity or {}, prepare=prepare)
-    if outcome.committed and keep_last:  # the same on every rank, so every rank joins rotation's broadcast
-        rotation.after_commit(output_dir, keep_last, outcome)
+    if outcome.committed and keep_last:  # the same on every rank, so every rank joins rotation's gather
+        rotation.after_commit(output_dir, keep_last, outcome, node_local)
     return outcome
 
 

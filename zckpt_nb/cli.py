@@ -32,10 +32,13 @@ def worker_flags(args: argparse.Namespace) -> list[str]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from zckpt_nb.launch import launch
+    from zckpt_nb.nodes import Nodes
 
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
     run = launch(args.nproc, args.steps, args.output_dir, save_checkpoint=args.save_checkpoint,
                  save_every=args.save_every, resume=args.resume, model=args.model, seed=args.seed,
-                 timeout=args.timeout, persistence_threshold=args.persistence_threshold, extra=worker_flags(args))
+                 timeout=args.timeout, persistence_threshold=args.persistence_threshold, extra=worker_flags(args),
+                 nodes=nodes)
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
     print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
@@ -92,6 +95,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"zckpt_nb verify: bad checkpoint: {e}", file=sys.stderr)
         return 1
     print(describe(manifest))
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from zckpt_nb.nodes import collect
+    from zckpt_nb.verify import CheckpointError, describe
+
+    try:
+        manifest = collect(args.parts, args.out, args.tag)
+    except CheckpointError as e:
+        print(f"zckpt_nb collect: {e}", file=sys.stderr)
+        return 1
+    print(f"collected {len(args.parts)} node folders into {args.out}: {describe(manifest)}")
     return 0
 
 
@@ -201,7 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = add_train_args(sub.add_parser("train", help="train with ZeRO-3 on N ranks (CPU or GPU)"))
-    train.add_argument("--nproc", type=int, default=2, help="ranks: one per GPU, else CPU processes")
+    train.add_argument("--nproc", type=int, default=2, help="ranks of this node: one per GPU, else CPU processes")
+    train.add_argument("--nnodes", type=int, default=1, help="nodes of the job: run this command once on each")
+    train.add_argument("--node_rank", type=int, default=0, help="this node's number, 0..nnodes-1")
+    train.add_argument("--master_addr", default="127.0.0.1", help="address of the node of --node_rank 0")
+    train.add_argument("--master_port", type=int, default=0,
+                       help="a free port on the node of --node_rank 0, the same on every node (default: any free "
+                            "port, one node only)")
     train.add_argument("--timeout", type=float, default=1800, help="kill every rank after this many seconds")
     train.set_defaults(func=cmd_train)
 
@@ -222,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     rsh.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
     rsh.add_argument("--timeout", type=float, default=1800, help="stop the conversion after this many seconds")
     rsh.set_defaults(func=cmd_reshard)
+
+    col = sub.add_parser("collect", help="assemble the node-local parts of a checkpoint into one folder")
+    col.add_argument("parts", nargs="+", metavar="DIR", help="each node's --output_dir")
+    col.add_argument("out", metavar="OUT", help="a new folder for the whole checkpoint")
+    col.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
+    col.set_defaults(func=cmd_collect)
 
     costs = sub.add_parser("costs", help="plan a ZeRO-3 checkpoint from the model config alone: bytes and seconds")
     which = costs.add_mutually_exclusive_group()

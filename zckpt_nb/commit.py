@@ -11,9 +11,10 @@ half-written checkpoint. Here every rank runs the same sequence of steps and col
    file is hashed while written and fsynced, and a write error is *kept*, not raised, so every rank
    still runs DeepSpeed's own barriers to the end (a rank raising there would leave the others waiting);
 3. agreement: one `all_gather_object` of every rank's files (size, SHA-256) and error;
-4. commit, rank 0 only: the manifest by temporary file + fsync + rename, then `latest` the same way,
-   each followed by an fsync of the folder;
-5. one `broadcast_object_list` of rank 0's outcome, so every rank returns the same `SaveOutcome`.
+4. commit, by the rank that writes the folder (rank 0; each node's local rank 0 with node-local storage, see
+   `zckpt_nb.nodes`): the manifest by temporary file + fsync + rename, then `latest` the same way, each
+   followed by an fsync of the folder;
+5. one `all_gather_object` of the committers' errors, so every rank returns the same `SaveOutcome`.
 `--keep_last` rotation follows a committed save, outside this protocol (`zckpt_nb.rotation`): it can fail
 without touching the new checkpoint or `latest`.
 """
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import faults, measure
+from zckpt_nb import faults, measure, nodes
 from zckpt_nb.shards import engine_file_bytes
 from zckpt_nb.verify import (
     MANIFEST,
@@ -184,7 +185,7 @@ class DeferredErrorWriter:
 
     def records(self, tag_dir: Path) -> list[dict[str, Any]]:
         """Manifest entries for the files this rank wrote."""
-        return [file_record(p, tag_dir, self.rank, sha) for p, sha in self.written]
+        return [file_record(p, tag_dir, self.rank, sha) | {"node": nodes.node_rank()} for p, sha in self.written]
 
 
 @contextmanager
@@ -273,13 +274,13 @@ def first_errors(reports: list[dict[str, Any]]) -> str | None:
     return "; ".join(lines) if lines else None
 
 
-def commit_on_rank0(save_dir: Path, tag: str, step: int, manifest: str) -> None:
-    """Step 4: manifest, then `latest`, each by temporary file + fsync + rename."""
+def commit_folder(save_dir: Path, tag: str, step: int, manifest: str, rank: int) -> None:
+    """Step 4 (rank 0, or each node's writer): manifest, then `latest`, each by temporary file + fsync + rename."""
     tag_dir = save_dir / tag
     fsync_dir(tag_dir)  # every rank's file entries are durable before the manifest names them
     atomic_write(tag_dir / MANIFEST, manifest)
     fsync_dir(save_dir)
-    atomic_write(save_dir / "latest", tag, before_rename=lambda: faults.maybe("latest", 0, step))
+    atomic_write(save_dir / "latest", tag, before_rename=lambda: faults.maybe("latest", rank, step))
 
 
 def gather(obj: Any) -> list[Any]:
@@ -292,19 +293,9 @@ def gather(obj: Any) -> list[Any]:
     return out
 
 
-def from_rank0(obj: Any) -> Any:
-    """broadcast_object_list: rank 0's `obj` on every rank."""
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    measure.count_object_collective(box)
-    return box[0]
-
-
-def discard(save_dir: Path, tag: str, rank: int) -> None:
-    """Rank 0 removes the files of a save that failed (every rank has finished writing by now)."""
-    if rank == 0:
+def discard(save_dir: Path, tag: str, writes: bool) -> None:
+    """The folder's writer removes the files of a save that failed (every rank has finished writing by now)."""
+    if writes:
         shutil.rmtree(save_dir / tag, ignore_errors=True)
 
 
@@ -314,6 +305,8 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
     import torch.distributed as dist
 
     start, rank, save_dir = time.perf_counter(), dist.get_rank(), Path(save_dir)
+    node_local = bool(engine.use_node_local_storage())
+    writes = nodes.writes_folder(node_local)
     need = engine_file_bytes(engine, state)
     reports = gather(preflight(save_dir, need, rank, prepare))
     error = first_errors(reports) or space_problem(reports, save_dir)
@@ -338,23 +331,23 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
     faults.maybe("before_commit", rank, step)
     reports = gather({"rank": rank, "error": writer.error, "files": writer.records(save_dir / tag)})
     faults.release(rank, step, save_dir)
-    error = first_errors(reports)
-    outcome = {"error": error}
+    error, commit_error = first_errors(reports), None
     if error:
-        discard(save_dir, tag, rank)
-    elif rank == 0:
+        discard(save_dir, tag, writes)
+    elif writes:
         try:
-            manifest = manifest_text(save_dir, tag, step, dist.get_world_size(), identity, reports)
-            commit_on_rank0(save_dir, tag, step, manifest)
+            manifest = manifest_text(save_dir, tag, step, dist.get_world_size(), identity, reports,
+                                     node=nodes.node_rank() if node_local else None)
+            commit_folder(save_dir, tag, step, manifest, rank)
         except OSError as e:
-            outcome["error"] = describe_error(e, e.filename or save_dir / tag, rank, "committing")
+            commit_error = describe_error(e, e.filename or save_dir / tag, rank, "committing")
             (save_dir / tag / MANIFEST).unlink(missing_ok=True)
-            discard(save_dir, tag, rank)
-    outcome = from_rank0(outcome)
+            discard(save_dir, tag, writes)
+    error = error or first_errors(gather({"error": commit_error}))  # `error` is alike on all ranks: all gather or none
     seconds = time.perf_counter() - start
     timings = {"write": write_seconds - writer.fsync_seconds - writer.hash_seconds, "fsync": writer.fsync_seconds,
                "hash": writer.hash_seconds, "protocol": seconds - write_seconds}
-    return SaveOutcome(tag, step, outcome["error"] is None, outcome["error"], seconds, timings, estimated_bytes=need)
+    return SaveOutcome(tag, step, error is None, error, seconds, timings, estimated_bytes=need)
 
 
 def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:
@@ -366,8 +359,9 @@ def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[s
 
     rank, world = dist.get_rank(), dist.get_world_size()
     tag, note, error = None, None, None
+    everywhere = set.intersection(*(set(tags) for tags in gather(committed_tags(ckpt_dir))))  # node-local folders
     try:
-        tag, note = tag_to_resume(ckpt_dir)
+        tag, note = tag_to_resume(ckpt_dir, everywhere)
         verify_tag(ckpt_dir, tag, world_size=world, identity=identity, ranks=[rank])
     except CheckpointError as e:
         error = str(e)

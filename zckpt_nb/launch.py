@@ -28,10 +28,12 @@ from typing import Any
 
 from zckpt_nb import lifeline, lock
 from zckpt_nb.model import get_preset
+from zckpt_nb.nodes import ONE_NODE, Nodes
 from zckpt_nb.verify import committed_tags
 
 _PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]:)?")
 _STEP = re.compile(r"^step (\d+)/(\d+) ")
+LEADS = ("rank 0", "node 0 rank 0")  # the label of global rank 0, which prints the `step k/n` lines
 
 
 class UsageError(ValueError):
@@ -104,10 +106,12 @@ def check_writable(output_dir: Path) -> None:
 
 
 def check_train_args(nproc: int, steps: int, output_dir: Path, *, resume: bool, model: str,
-                     save_every: int = 0, timeout: float = 600) -> None:
+                     save_every: int = 0, timeout: float = 600, nodes: Nodes = ONE_NODE) -> None:
     """Reject bad training input with one clear line, before any rank starts."""
     if nproc < 1:
         raise UsageError(f"--nproc must be at least 1 (got {nproc})")
+    if nodes.problem():
+        raise UsageError(nodes.problem())
     gpus = gpu_count()
     if gpus and nproc > gpus:
         raise UsageError(f"--nproc {nproc} asks for more GPU ranks than the {gpus} GPU(s) here; use --nproc {gpus}")
@@ -133,11 +137,10 @@ def worker_env(nproc: int) -> dict[str, str]:
     return env
 
 
-def torchrun_command(module: str, args: list[str], nproc: int, log_dir: str) -> list[str]:
-    """The torchrun command line; `--tee 3` makes it prefix every line with the local rank."""
+def torchrun_command(module: str, args: list[str], nproc: int, log_dir: str, nodes: Nodes = ONE_NODE) -> list[str]:
+    """The torchrun command line for this node; `--tee 3` makes it prefix every line with the local rank."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "--tee", "3", "--log-dir", log_dir, "-m", module, *args]
+            *nodes.torchrun_flags(free_port()), "--tee", "3", "--log-dir", log_dir, "-m", module, *args]
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
@@ -192,10 +195,10 @@ def step_of(text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def label(line: str) -> tuple[str, str]:
-    """Split torchrun's `[defaultN]:` prefix off a line: ('rank N', text) or ('launcher', line)."""
+def label(line: str, nproc: int = 1, nodes: Nodes = ONE_NODE) -> tuple[str, str]:
+    """Split torchrun's `[defaultN]:` prefix (N: local rank) off a line: (`nodes.who`, text) or ('launcher', line)."""
     m = _PREFIX.match(line)
-    return (f"rank {m.group(1)}", line[m.end():]) if m else ("launcher", line)
+    return (nodes.who(int(m.group(1)), nproc), line[m.end():]) if m else ("launcher", line)
 
 
 class Progress:
@@ -207,7 +210,7 @@ class Progress:
         self._tqdm, self.bar, self.show_lines, self.show_bar, self.name = tqdm, None, show_lines, show_bar, name
 
     def line(self, who: str, text: str) -> None:
-        step = step_of(text) if who == "rank 0" else None
+        step = step_of(text) if who in LEADS else None
         quiet_step = False
         if step:
             done, total = step
@@ -232,8 +235,8 @@ def tails(per_rank: dict[str, deque]) -> str:
 def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, name: str,
                   log_path: Path | None = None, verbose: bool = True, progress: bool = True,
                   on_line: Callable[[str, str], None] | None = None,
-                  stop: threading.Event | None = None) -> tuple[list[str], float]:
-    """Run `python -m module args` on `nproc` ranks; return (all output lines, seconds). Never hangs.
+                  stop: threading.Event | None = None, nodes: Nodes = ONE_NODE) -> tuple[list[str], float]:
+    """Run `python -m module args` on `nproc` ranks (of this node); return (all output lines, seconds). Never hangs.
 
     `on_line(who, text)` sees every line; setting `stop` (from any thread) kills every rank and raises LaunchStopped.
     """
@@ -242,12 +245,12 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
     shown = Progress(name, verbose, progress)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="zckpt_torchrun_") as log_dir:
-        proc = subprocess.Popen(torchrun_command(module, args, nproc, log_dir), env=worker_env(nproc),
+        proc = subprocess.Popen(torchrun_command(module, args, nproc, log_dir, nodes), env=worker_env(nproc),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True)
         try:
             for raw in read_lines(proc, start + timeout, stop):
-                who, text = label(raw)
+                who, text = label(raw, nproc, nodes)
                 log.append(f"[{who}] {text}")
                 per_rank[who].append(text)
                 shown.line(who, text)
@@ -296,32 +299,40 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
            save_every: int = 0, resume: bool = False, model: str = "tiny", seed: int = 0,
            timeout: float | None = None, persistence_threshold: int = 0, extra: list[str] | None = None,
            verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
-           stop: threading.Event | None = None) -> RunResult:
+           stop: threading.Event | None = None, nodes: Nodes = ONE_NODE) -> RunResult:
     """Train `model` with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements.
 
     `timeout=None` scales the bound with the preset, the steps and the ranks (`default_timeout`). `on_line` and
-    `stop` go to `launch_module`: every output line, and an event that stops the job from any thread.
+    `stop` go to `launch_module`: every output line, and an event that stops the job from any thread. On several
+    nodes, call it once per node with its `nodes` (`zckpt_nb.nodes`); `nproc` is the ranks of each node.
     """
     timeout = timeout or default_timeout(model, nproc, steps)
     extra = [*(extra or []), "--persistence_threshold", str(persistence_threshold)]
     output_dir = Path(output_dir).resolve()
-    check_train_args(nproc, steps, output_dir, resume=resume, model=model, save_every=save_every, timeout=timeout)
+    check_train_args(nproc, steps, output_dir, resume=resume, model=model, save_every=save_every, timeout=timeout,
+                     nodes=nodes)
     output_dir.mkdir(parents=True, exist_ok=True)
     args = train_args(steps, output_dir, save_checkpoint=save_checkpoint, save_every=save_every,
                       resume=resume, model=model, seed=seed, extra=extra)
-    name = f"train {model} on {nproc} rank(s) -> {output_dir}"
+    where = f" of node {nodes.node_rank} ({nodes.nnodes} nodes)" if nodes.nnodes > 1 else ""
+    name = f"train {model} on {nproc} rank(s){where} -> {output_dir}"
     try:
-        mine = lock.take(output_dir)  # after the checks (nothing written for bad input), before any write
+        mine = lock.take(output_dir, nodes.job(), nodes.node_rank)  # after the checks, before any write
     except lock.FolderInUse as e:
         raise UsageError(str(e)) from None
     try:
         (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
         log, seconds = launch_module("zckpt_nb.train", args, nproc=nproc, timeout=timeout, name=name,
-                                     log_path=output_dir / "launch.log", verbose=verbose, progress=progress,
-                                     on_line=on_line, stop=stop)
+                                     log_path=output_dir / log_name(nodes), verbose=verbose, progress=progress,
+                                     on_line=on_line, stop=stop, nodes=nodes)
     finally:
         lock.release(output_dir, mine)
     return RunResult.from_dir(output_dir, log, seconds)
+
+
+def log_name(nodes: Nodes) -> str:
+    """The launcher's log in the output folder: `launch.log`, `launch.node{K}.log` for the other nodes' launchers."""
+    return f"launch.node{nodes.node_rank}.log" if nodes.node_rank else "launch.log"
 
 
 def fresh_dir(path: str | Path) -> Path:
@@ -338,7 +349,7 @@ def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/")
 
     lines: dict[str, list[str]] = {}
     for line in (Path(output_dir) / "launch.log").read_text().splitlines():
-        m = re.match(r"\[(rank \d+)\] (.*)", line)
+        m = re.match(r"\[((?:node \d+ )?rank \d+)\] (.*)", line)
         if m and not re.match(skip, m.group(2)):
             lines.setdefault(m.group(1), []).append(m.group(2))
     return {who: found[-last:] for who, found in sorted(lines.items())}

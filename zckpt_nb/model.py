@@ -89,6 +89,7 @@ def ds_config(
     comms_logger: bool = False,
     persistence_threshold: int = 0,
     load_universal: bool = False,
+    node_local_storage: bool = False,
 ) -> dict[str, Any]:
     """The DeepSpeed ZeRO-3 config for preset `name` (one JSON-able dict, nothing hidden)."""
     p = get_preset(name)
@@ -123,8 +124,9 @@ def ds_config(
             "overlap_comm": False,
         },
         "comms_logger": {"enabled": comms_logger, "verbose": False, "prof_all": True, "debug": False},
-        # a checkpoint saved by another number of ranks loads from its universal copy (zckpt_nb.reshard)
-        "checkpoint": {"load_universal": load_universal},
+        # a checkpoint saved by another number of ranks loads from its universal copy (zckpt_nb.reshard);
+        # with node-local storage each node's ranks save into that node's own folder (zckpt_nb.nodes)
+        "checkpoint": {"load_universal": load_universal, "use_node_local_storage": node_local_storage},
     }
 
 

@@ -35,6 +35,7 @@ from zckpt_nb.verify import (
     MANIFEST,
     RANK_FILE,
     CheckpointError,
+    elsewhere,
     read_manifest,
     sha256_file,
     tag_to_resume,
@@ -138,7 +139,10 @@ def check_loadable(folder: Path) -> None:
 def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | None = None,
                      timeout: float = 600) -> tuple[dict[str, Any], bool]:
     """A committed universal copy of `tag`, converted now or reused; returns (its manifest, reused?)."""
-    verify_tag(ckpt_dir, tag, identity=identity)
+    away = elsewhere(verify_tag(ckpt_dir, tag, identity=identity))
+    if away:
+        raise CheckpointError(f"{tag} in {ckpt_dir} is one node's part: {len(away)} of its files live on other nodes; "
+                              "assemble the parts first (python -m zckpt_nb collect DIR... OUT), then convert OUT")
     manifest = reusable(ckpt_dir, tag)
     if manifest is not None:
         check_loadable(universal_dir(ckpt_dir, tag))
@@ -181,7 +185,7 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
         tag, note = tag_to_resume(ckpt_dir)
         return tag, note, Path(ckpt_dir), None
     world = dist.get_world_size()
-    if commit.from_rank0(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None) in (None, world):
+    if commit.gather(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None)[0] in (None, world):
         tag, note = commit.agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
         return tag, note, Path(ckpt_dir), None
     result: dict[str, Any] = {}
@@ -193,7 +197,7 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
             result = {"tag": tag, "note": f"{note}; {line}" if note else line, "manifest": manifest, "reused": reused}
         except CheckpointError as e:
             result = {"error": str(e)}
-    result = commit.from_rank0(result)
+    result = commit.gather(result)[0]  # rank 0's verdict on every rank
     if "error" in result:
         raise CheckpointError(result["error"])
     return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, {**result["manifest"], "reused": result["reused"]}

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import commit
+from zckpt_nb import commit, nodes
 from zckpt_nb.reshard import universal_dir
 from zckpt_nb.verify import MANIFEST, committed_tags, incomplete_tags, step_of
 
@@ -62,12 +62,15 @@ def rotate(save_dir: Path, keep_last: int) -> tuple[list[str], str | None]:
     return deleted, "; ".join(errors) or None
 
 
-def after_commit(save_dir: str | Path, keep_last: int, outcome: commit.SaveOutcome) -> None:
-    """Every rank, after a committed save: rank 0 rotates, every rank learns the result in `outcome`."""
-    import torch.distributed as dist
+def after_commit(save_dir: str | Path, keep_last: int, outcome: commit.SaveOutcome, node_local: bool = False) -> None:
+    """Every rank, after a committed save: each folder's writer rotates; every rank learns the result in `outcome`.
 
-    result = rotate(Path(save_dir), keep_last) if dist.get_rank() == 0 else None
-    outcome.deleted, outcome.rotation_error = commit.from_rank0(result)
+    The writer is rank 0, or every node's local rank 0 with node-local storage; `outcome.deleted` is rank 0's list,
+    `outcome.rotation_error` joins every writer's failures.
+    """
+    results = commit.gather(rotate(Path(save_dir), keep_last) if nodes.writes_folder(node_local) else ([], None))
+    outcome.deleted = results[0][0]
+    outcome.rotation_error = "; ".join(error for _, error in results if error) or None
 
 
 def report(outcome: commit.SaveOutcome) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, patterns, reshard, rotation, verify
+from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, nodes, patterns, reshard, rotation, verify
 from zckpt_nb.model import (
     PRESETS,
     build_model,
@@ -77,6 +77,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--init", default="hf", choices=["hf", "bare_zero_init"],
                         help="hf: HfDeepSpeedConfig before from_config (correct); bare_zero_init: the trap that "
                              "leaves weights uninitialised (notebook 02)")
+    parser.add_argument("--node_local_storage", action="store_true",
+                        help="each node keeps its part of every checkpoint in its own --output_dir (DeepSpeed's "
+                             "checkpoint.use_node_local_storage); without it every node must see one shared folder")
     parser.add_argument("--save_reference", action="store_true",
                         help="after training, write each rank's raw partitions and the engine's logits on a "
                              "fixed batch to DIR/reference/ (what the equality checks compare against)")
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    except (verify.CheckpointError, commit.CollectiveTimeout, RunIncomplete) as e:
+    except (verify.CheckpointError, commit.CollectiveTimeout, RunIncomplete, nodes.LayoutError) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
     except RuntimeError as e:  # a collective outside a save timed out: say so in one line, not a traceback
@@ -252,6 +255,7 @@ def train(argv: list[str] | None = None) -> None:
     wall_start = time.perf_counter()
     backend, device = setup_distributed(collective_timeout(args.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
+    nodes.check_layout(args.output_dir, args.node_local_storage)  # before anything is built or written
     seed_everything(args.seed)
     preset = get_preset(args.model)
     args.global_batch = args.global_batch or preset.global_batch
@@ -264,6 +268,8 @@ def train(argv: list[str] | None = None) -> None:
         verify.check_config(args.output_dir, gpt2_config(args.model).to_dict(), args.model)
         if note and rank == 0:
             print(note, flush=True)
+        if nodes.writes_folder(args.node_local_storage):
+            nodes.drop_partial(args.output_dir, resume_tag)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
 
     # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
@@ -276,7 +282,8 @@ def train(argv: list[str] | None = None) -> None:
     config = ds_config(args.model, steps=args.steps, world_size=world, global_batch=args.global_batch, bf16=bf16,
                        gather_16bit_on_save=gather16,
                        comms_logger=bool(saving),  # its per-op byte counts give each save's collective bytes
-                       persistence_threshold=args.persistence_threshold, load_universal=universal is not None)
+                       persistence_threshold=args.persistence_threshold, load_universal=universal is not None,
+                       node_local_storage=args.node_local_storage)
     model, _hf_ds_config = (build_model if args.init == "hf" else build_model_bare)(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     held, num_params = held_elements(engine.module), count_params(engine.module)
@@ -338,7 +345,7 @@ def train(argv: list[str] | None = None) -> None:
     })
     costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs
     run_json_error = None
-    if rank == 0:
+    if nodes.writes_folder(args.node_local_storage):  # rank 0, or each node's local rank 0 with node-local storage
         run = {
             "world_size": world, "backend": backend, "device": device, "model": args.model,
             "dtype": "bf16" if bf16 else "fp32", "seed": args.seed, "num_params": num_params,

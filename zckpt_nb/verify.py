@@ -3,7 +3,9 @@
 A checkpoint tag counts as *committed* only once its manifest (`zckpt_manifest.json`, written last by
 the commit protocol in `zckpt_nb.commit`) is in the tag folder. The manifest names every rank's files
 with their sizes and SHA-256, the world size, the step and the model it came from, and (`shared`) the files
-beside the tags that every checkpoint depends on: the tokenizer and `config.json`. DeepSpeed keeps
+beside the tags that every checkpoint depends on: the tokenizer and `config.json`. With node-local storage
+(`zckpt_nb.nodes`) each node's folder holds its own ranks' files and a manifest listing the whole checkpoint:
+`node` names the folder's node, each file its holder's; files of other nodes are not checked here. DeepSpeed keeps
 no such record (its `latest` only names a folder), so this is written by hand; it needs no torch.
 """
 
@@ -181,7 +183,8 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
     check_paths(tag_dir, manifest["files"], tag_dir / MANIFEST)
     check_paths(tag_dir.parent, shared, tag_dir / MANIFEST)
     check_ranks(tag_dir, manifest)
-    entries = [(tag_dir, e) for e in manifest["files"]] + [(tag_dir.parent, e) for e in shared]
+    here = [e for e in manifest["files"] if e not in elsewhere(manifest)]  # node-local: other nodes hold the rest
+    entries = [(tag_dir, e) for e in here] + [(tag_dir.parent, e) for e in shared]
     paths = [check_file(folder, entry) for folder, entry in entries]  # every presence and size before any hash
     check_hashes([(path, entry["sha256"]) for path, (_, entry) in zip(paths, entries)
                   if ranks is None or entry["rank"] in ranks])
@@ -200,6 +203,12 @@ def verify_universal(folder: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def elsewhere(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files a node-local manifest lists that live on other nodes (none in a shared folder)."""
+    node = manifest.get("node")
+    return [] if node is None else [e for e in manifest["files"] if e.get("node", node) != node]
+
+
 def shared_records(ckpt_dir: Path) -> list[dict[str, Any]]:
     """Manifest entries (rank 0 writes them) for the `SHARED_FILES` beside the tags."""
     paths = [ckpt_dir / name for name in SHARED_FILES if (ckpt_dir / name).is_file()]
@@ -207,11 +216,15 @@ def shared_records(ckpt_dir: Path) -> list[dict[str, Any]]:
 
 
 def manifest_text(ckpt_dir: Path, tag: str, step: int, world: int, identity: dict[str, Any],
-                  reports: list[dict[str, Any]]) -> str:
-    """The manifest: format, tag, step, world size, model identity, every rank's files and the shared files."""
+                  reports: list[dict[str, Any]], node: int | None = None) -> str:
+    """The manifest: format, tag, step, world size, model identity, every rank's files and the shared files.
+
+    With node-local storage it also names `node`, the node whose folder it describes.
+    """
     files = sorted((f for r in reports for f in r["files"]), key=lambda f: (f["rank"], f["path"]))
+    where = {} if node is None else {"node": node}
     return json.dumps({"format": FORMAT, "tag": tag, "step": step, "world_size": world, "identity": identity,
-                       "files": files, "shared": shared_records(ckpt_dir)}, indent=1)
+                       **where, "files": files, "shared": shared_records(ckpt_dir)}, indent=1)
 
 
 def check_config(ckpt_dir: str | Path, expected: dict[str, Any], model: str) -> None:
@@ -248,15 +261,21 @@ def read_kind(tag_dir: Path) -> str | None:
         return None
 
 
-def tag_to_resume(ckpt_dir: str | Path) -> tuple[str, str | None]:
-    """The newest committed tag, and one line saying what was skipped (newer incomplete saves, a stale `latest`)."""
-    committed = committed_tags(ckpt_dir)
+def tag_to_resume(ckpt_dir: str | Path, among: set[str] | None = None) -> tuple[str, str | None]:
+    """The newest committed tag (of `among`, when given), and one line saying what was skipped.
+
+    Skipped: newer incomplete saves, newer tags not in `among` (not committed on every node), a stale `latest`.
+    """
+    committed = [t for t in committed_tags(ckpt_dir) if among is None or t in among]
     if not committed:
-        raise CheckpointError(f"no committed checkpoint in {ckpt_dir} (no tag folder holds {MANIFEST})")
+        raise CheckpointError(f"no committed checkpoint in {ckpt_dir} (no tag folder holds {MANIFEST}"
+                              f"{'' if among is None else ' on every node'})")
     tag = committed[-1]
     newer = [t for t in incomplete_tags(ckpt_dir) if step_of(t) > step_of(tag)]
+    partial = [t for t in committed_tags(ckpt_dir) if step_of(t) > step_of(tag)]  # committed here, not everywhere
     notes = [f"ignoring incomplete checkpoint(s) {', '.join(newer)} (no manifest: the save never committed)"] \
         if newer else []
+    notes += [f"ignoring {', '.join(partial)} (not committed on every node)"] if partial else []
     if latest_name(ckpt_dir) != tag:
         notes.append(f"'latest' names {latest_name(ckpt_dir)}, the newest committed is {tag}")
     return tag, ("; ".join(notes) + f"; resuming from {tag}") if notes else None
@@ -272,10 +291,16 @@ def newest_committed(ckpt_dir: str | Path, doing: str) -> str:
 
 def describe(manifest: dict[str, Any]) -> str:
     """One line for a checkpoint that passed every check."""
-    total = sum(e["bytes"] for e in manifest["files"])
+    total, away = sum(e["bytes"] for e in manifest["files"]), elsewhere(manifest)
     if manifest.get("kind") == "universal":
         return (f"ok: universal copy of {manifest['tag']} (step {manifest['step']}, converted from "
                 f"{manifest['source_world_size']} ranks, loads on any number; {len(manifest['files'])} files, "
                 f"{total:,} bytes, every size and SHA-256 matches)")
-    return (f"ok: {manifest['tag']} (step {manifest['step']}, {manifest['world_size']} ranks, "
-            f"{len(manifest['files'])} files, {total:,} bytes, every size and SHA-256 matches)")
+    ok = (f"ok: {manifest['tag']} (step {manifest['step']}, {manifest['world_size']} ranks, "
+          f"{len(manifest['files'])} files, {total:,} bytes, every size and SHA-256 matches)")
+    if not away:
+        return ok
+    nodes = sorted({e["node"] for e in away})
+    return (ok.replace("every size", f"node {manifest['node']}'s part checked here: every size") +
+            f"; {len(away)} files live on node(s) {', '.join(map(str, nodes))} ({', '.join(e['path'] for e in away)}): "
+            "run verify there, or collect the parts (python -m zckpt_nb collect)")
