@@ -24,7 +24,8 @@ MATRIX = [
     ("04", {"NPROC": 1, "STEPS": 60}),
     ("05", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
     ("06", {"NPROC": 1}),
-    ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7}),
+    ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
+            "NODE_STEPS": 4}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0}),
 ]

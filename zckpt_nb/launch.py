@@ -355,6 +355,12 @@ def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/")
     return {who: found[-last:] for who, found in sorted(lines.items())}
 
 
+def worker_error(err: LaunchError) -> str:
+    """The one line a rank printed for a refused job (`zckpt_nb.train: error: ...`), out of the launch's message."""
+    lines = [line.strip() for line in str(err).splitlines() if "zckpt_nb.train: error:" in line]
+    return lines[0] if lines else str(err).splitlines()[0]
+
+
 def rank_errors(output_dir: str | Path) -> dict[str, str]:
     """The last exception line each rank printed (from DIR/launch.log): what a failed job said, rank by rank."""
     pattern = re.compile(r"^[\w.]*(Error|Exception)\b")  # a traceback's last line, not its `raise ...` lines

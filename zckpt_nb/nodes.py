@@ -195,3 +195,43 @@ def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) ->
                                                          first["identity"], [{"files": files}]))
     (out / "latest").write_text(tag)
     return verify(out, tag)
+
+
+def simulate(dirs: list[str | Path], steps: int, **launch_kw: Any) -> list[Any]:
+    """Notebook 07: one launch per folder in `dirs`, as the nodes of one job on this machine (127.0.0.1).
+
+    Returns, per node, its `RunResult`, or the failed launch's `LaunchError`; each launch has its own timeout.
+    """
+    import threading
+
+    from zckpt_nb.launch import LaunchError, free_port, launch
+
+    port, results = free_port(), [None] * len(dirs)
+
+    def node(k: int) -> None:
+        try:
+            results[k] = launch(1, steps, dirs[k], nodes=Nodes(len(dirs), k, master_port=port), **launch_kw)
+        except LaunchError as e:
+            results[k] = e
+
+    threads = [threading.Thread(target=node, args=(k,)) for k in range(len(dirs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def folder_rows(dirs: list[str | Path]) -> list[dict[str, Any]]:
+    """Per distinct output folder of a (simulated) multi-node run: what its newest checkpoint holds, and `verify`."""
+    from zckpt_nb.verify import RANK_FILE, describe, elsewhere, latest_name, verify
+
+    rows = []
+    for folder in dict.fromkeys(Path(d) for d in dirs):
+        tag = latest_name(folder)
+        manifest = verify(folder, tag)
+        ranks = sorted({int(m.group(1)) for p in (folder / tag).iterdir() if (m := RANK_FILE.search(p.name))})
+        rows.append({"folder": folder.name, "latest": tag, "ranks whose files it holds": ", ".join(map(str, ranks)),
+                     "files its manifest lists": len(manifest["files"]),
+                     "of them on other nodes": len(elsewhere(manifest)), "verify says": describe(manifest)})
+    return rows
