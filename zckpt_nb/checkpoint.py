@@ -42,15 +42,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def client_state(step: int, seed: int, global_batch: int, world_size: int) -> dict[str, Any]:
-    """What exact resumption needs beyond DeepSpeed's own state: the data position, the batch and RNG states.
+def client_state(step: int, seed: int, global_batch: int, world_size: int, horizon: int) -> dict[str, Any]:
+    """What exact resumption needs beyond DeepSpeed's own state: data position, batch, LR horizon and RNG states.
 
     Under ZeRO-3 every rank writes its own `zero_pp_rank_{r}_..._model_states.pt` holding this dict,
     so each rank gets back its own RNG state on load (on the same world size; a universal load hands every rank
     rank 0's, which is why training draws nothing from these generators: see `data` and `model.gpt2_config`).
     """
     return {CLIENT_KEY: {"step": step, "seed": seed, "global_batch": global_batch, "world_size": world_size,
-                         "rng": rng_state()}}
+                         "steps": horizon, "rng": rng_state()}}  # steps: the LR schedule's horizon (schedule.py)
 
 
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:

@@ -21,15 +21,15 @@ def add_caption(fig: Figure, caption: str) -> Figure:
 
 
 def plot_losses(curves: dict[str, tuple[Sequence[int], Sequence[float]]], *, title: str, caption: str,
-                ref: float | None = None) -> Figure:
-    """Training loss against step for one or more runs; `ref` draws ln(vocab) as a dashed line."""
+                ref: float | None = None, ylabel: str = "training loss (nats per token)") -> Figure:
+    """Training loss (or another per-step figure, `ylabel`) against step for one or more runs; `ref`: ln(vocab)."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (name, (steps, losses)) in enumerate(curves.items()):
         style = {"lw": 3, "alpha": 0.35} if i == 0 else {"lw": 1.2, "ls": "--", "marker": ".", "ms": 3}
         ax.plot(steps, losses, label=name, **style)
     if ref is not None:
         ax.axhline(ref, color="grey", ls=":", label=f"ln(vocab) = {ref:.2f}")
-    ax.set(title=title, xlabel="optimizer step (count)", ylabel="training loss (nats per token)")
+    ax.set(title=title, xlabel="optimizer step (count)", ylabel=ylabel)
     ax.legend()
     return add_caption(fig, caption)
 

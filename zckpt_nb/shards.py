@@ -53,7 +53,8 @@ def model_states(model: Any, n: int, config: dict[str, Any], step: int, seed: in
     from zckpt_nb.checkpoint import client_state
 
     batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
-    client = client_state(step, seed, batch, n)  # the global batch within a few bytes, from the config alone
+    horizon = config["scheduler"]["params"]["total_num_steps"]
+    client = client_state(step, seed, batch, n, horizon)  # the global batch within a few bytes, from the config alone
     client["zckpt"]["rng"]["torch"] = torch.empty(0, dtype=torch.uint8)  # its bytes are payload
     shapes = OrderedDict((k, getattr(p, "ds_shape", p.shape)) for k, p in model.named_parameters())
     return {"module": placeholders(model), "buffer_names": [], "optimizer": None, "param_shapes": [shapes],

@@ -22,7 +22,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, nodes, patterns, reshard, rotation, verify
+from zckpt_nb import (
+    checkpoint,
+    commit,
+    consolidate,
+    lifeline,
+    measure,
+    nodes,
+    patterns,
+    reshard,
+    rotation,
+    schedule,
+    verify,
+)
 from zckpt_nb.model import (
     PRESETS,
     build_model,
@@ -46,6 +58,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint 'latest' names")
     parser.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--new_schedule", action="store_true",
+                        help="with --resume and another --steps: decay the LR over the new --steps (default: keep the "
+                             "checkpoint's schedule, whose LR is 0 past its horizon); either way one line says so")
     parser.add_argument("--reshard", default="auto", choices=["auto", "never"],
                         help="auto: a checkpoint of another world size is converted (zckpt_nb.reshard) and loaded "
                              "universally; never: hand it to DeepSpeed's own loader as it is (notebook 07's trap)")
@@ -178,7 +193,7 @@ def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, identity: dict[str, Any]) -> Any:
     """One save in the pattern --save_mode names; returns its `commit.SaveOutcome`."""
-    state = checkpoint.client_state(step, args.seed, args.global_batch, engine.dp_world_size)
+    state = checkpoint.client_state(step, args.seed, args.global_batch, engine.dp_world_size, args.horizon)
     tag = f"global_step{step}"
     if args.save_mode == "plain":
         return patterns.save_plain(engine, args.output_dir, tag, state)
@@ -270,6 +285,11 @@ def train(argv: list[str] | None = None) -> None:
             print(note, flush=True)
         if nodes.writes_folder(args.node_local_storage):
             nodes.drop_partial(args.output_dir, resume_tag)
+        plan = schedule.resume_schedule(args.model, args.steps, verify.step_of(resume_tag),
+                                        schedule.saved_horizon(load_dir, resume_tag), args.new_schedule)
+        if schedule.describe(plan, args.steps) and rank == 0:
+            print(schedule.describe(plan, args.steps), flush=True)
+    args.horizon = plan["horizon"] if args.resume else args.steps  # the LR schedule's total_num_steps
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
 
     # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
@@ -279,7 +299,7 @@ def train(argv: list[str] | None = None) -> None:
     # The model is built partitioned: no rank ever holds all of it.
     saving = args.save_checkpoint or args.save_every or args.save_16bit or args.save_gathered
     gather16 = args.gather_16bit == "on" or (args.gather_16bit == "auto" and args.save_16bit)
-    config = ds_config(args.model, steps=args.steps, world_size=world, global_batch=args.global_batch, bf16=bf16,
+    config = ds_config(args.model, steps=args.horizon, world_size=world, global_batch=args.global_batch, bf16=bf16,
                        gather_16bit_on_save=gather16,
                        comms_logger=bool(saving),  # its per-op byte counts give each save's collective bytes
                        persistence_threshold=args.persistence_threshold, load_universal=universal is not None,
@@ -298,13 +318,14 @@ def train(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, save_seconds, saves, failed, save_costs, rotation_errors = [], [], 0.0, [], [], [], []
+    steps, losses, lrs, save_seconds, saves, failed, save_costs, rotation_errors = [], [], [], 0.0, [], [], [], []
     share = data.rank_share(args.global_batch, world, rank)  # this rank's slice of every step's global batch
     engine.train()
     for step in range(start_step, args.steps):
         batch = data.global_batch_for_step(tokens, step=step, seed=args.seed, global_batch=args.global_batch,
                                            seq_len=preset.seq_len)
         steps.append(step)
+        lrs.append(engine.get_lr()[0])  # the LR this step trains with (the scheduler stepped after the last one)
         losses.append(train_step(engine, batch, share, world, device))
         if rank == 0:  # the launcher parses these lines for its progress bar
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
@@ -352,10 +373,10 @@ def train(argv: list[str] | None = None) -> None:
             "vocab_size": preset.vocab_size, "tokenizer_vocab_size": len(tokenizer),
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
             "global_batch": args.global_batch, "gradient_accumulation_steps": config["gradient_accumulation_steps"],
-            "resharded": universal,
+            "resharded": universal, "schedule": plan if args.resume else {"horizon": args.horizon},
             "save_mode": args.save_mode, "failed_saves": failed, "rotation_errors": rotation_errors, "init": args.init,
             "persistence_threshold": args.persistence_threshold, "ds_config": config,
-            "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
+            "steps": steps, "losses": losses, "lrs": lrs, "wall_seconds": time.perf_counter() - wall_start,
             "save_costs": costs, "ranks": records,
         }
         try:

@@ -1,0 +1,44 @@
+"""Resuming with another --steps: the LR schedule's horizon is stored, kept by default, replaced on request."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import STEPS
+
+from zckpt_nb import checkpoint, schedule
+from zckpt_nb.launch import launch
+
+LONGER = STEPS + 20
+
+
+@pytest.fixture(scope="module", params=[[], ["--new_schedule"]], ids=["keep", "new_schedule"])
+def extended(request, full_run, tmp_path_factory):
+    """The session's 150-step run resumed from its last checkpoint to 170 steps, with or without --new_schedule."""
+    folder = checkpoint.copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("extended"),
+                                        f"global_step{STEPS}")
+    return launch(2, LONGER, folder, resume=True, extra=request.param, verbose=False, progress=False, timeout=600)
+
+
+def test_every_step_trains_at_the_lr_deepspeeds_scheduler_gives(full_run, extended):
+    new = extended.data["schedule"]["new_schedule"]
+    assert [round(x, 12) for x in full_run.data["lrs"]] == \
+        [round(schedule.lr_at("tiny", s, STEPS), 12) for s in full_run.steps]
+    horizon = LONGER if new else STEPS
+    assert extended.data["schedule"] == {**extended.data["schedule"], "checkpoint_horizon": STEPS,
+                                         "horizon": horizon, "resume_step": STEPS}
+    first, *rest = zip(extended.steps, extended.data["lrs"])
+    assert first[1] == pytest.approx(schedule.lr_at("tiny", STEPS, STEPS))  # restored with the optimizer
+    assert all(lr == pytest.approx(schedule.lr_at("tiny", s, horizon), abs=1e-12) for s, lr in rest)
+    assert (max(lr for _, lr in rest) > 0) == new, "past its horizon the kept schedule's LR is 0"
+
+
+def test_the_change_is_said_in_one_line(extended):
+    line = schedule.describe(extended.data["schedule"], LONGER)
+    assert line and any(line in text for text in extended.log)
+    assert ("--new_schedule:" in line) == extended.data["schedule"]["new_schedule"]
+
+
+def test_a_resume_with_the_same_steps_says_nothing(resumed_run):
+    assert resumed_run.data["schedule"]["checkpoint_horizon"] == STEPS
+    assert schedule.describe(resumed_run.data["schedule"], STEPS) is None
+    assert not any("LR schedule" in text or "--new_schedule" in text for text in resumed_run.log)
