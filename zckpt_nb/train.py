@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import random
-import resource
 import sys
 import time
 import warnings
@@ -132,7 +131,7 @@ def peak_memory_bytes(device: str) -> int:
     """This rank's peak memory: allocated GPU memory on GPUs, the process's max RSS on CPU."""
     if device.startswith("cuda"):
         return measure.device_peak_bytes()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return measure.host_peak_bytes()
 
 
 def sum_over_ranks(value: float, device: str) -> float:
