@@ -199,6 +199,56 @@ def report_failed_save(outcome: Any, args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+class SaveLog:
+    """This rank's saves for run.json: each record, with how long it stopped training and how long until durable.
+
+    `stall_seconds` runs from the save call to the start of the next step (or the end of the loop);
+    `durable_seconds` from the save call to the moment every rank knows the commit is on disk (None when the mode
+    never makes it durable, or the save failed).
+    """
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        self.args, self.rank = args, rank
+        self.saves: list[dict[str, Any]] = []
+        self.failed: list[dict[str, Any]] = []
+        self.rotation_errors: list[str] = []
+        self.save_seconds = 0.0
+        self.started: dict[str, float] = {}  # tag -> when its save was called
+        self._stalled: tuple[dict[str, Any], float] | None = None  # the last save's record, until the next step
+
+    def stall_ends(self) -> None:
+        if self._stalled:
+            record, start = self._stalled
+            record["stall_seconds"] = time.perf_counter() - start
+            self._stalled = None
+
+    def add(self, outcome: Any, start: float, *, final: bool = True, durable: bool = True) -> None:
+        """A save called at `start` returned; `final`: its outcome is known (not a save still writing in the
+        background); `durable`: a committed outcome is on disk (not DeepSpeed's plain, unsynced, save)."""
+        record = outcome.record() | {"stall_seconds": None, "durable_seconds": None}
+        self.saves.append(record)
+        self.save_seconds += outcome.seconds
+        self.started[outcome.tag] = start
+        self._stalled = (record, start)
+        if final and not outcome.skipped:  # a rank that never called the save (the rank-0 guard) has nothing to say
+            self.settle(outcome, durable)
+
+    def settle(self, outcome: Any, durable: bool = True) -> None:
+        """The save's final outcome, on every rank: report a failure, or note when it became durable."""
+        record = next(r for r in reversed(self.saves) if r["tag"] == outcome.tag)
+        record.update(committed=outcome.committed, error=outcome.error)
+        if not outcome.committed:
+            self.failed.append({"tag": outcome.tag, "step": outcome.step, "error": outcome.error})
+            report_failed_save(outcome, self.args)
+            return
+        if durable:
+            record["durable_seconds"] = time.perf_counter() - self.started[outcome.tag]
+        if self.rank == 0:
+            print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
+        if outcome.rotation_error:
+            self.rotation_errors.append(rotation.report(outcome))
+
+
 class RunIncomplete(RuntimeError):
     """The run trained to the end but did not write what it was asked to: no save committed, or no run.json."""
 
@@ -297,10 +347,11 @@ def train(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, save_seconds, saves, failed, save_costs, rotation_errors = [], [], 0.0, [], [], [], []
+    steps, losses, save_costs, log = [], [], [], SaveLog(args, rank)
     share = data.rank_share(args.global_batch, world, rank)  # this rank's slice of every step's global batch
     engine.train()
     for step in range(start_step, args.steps):
+        log.stall_ends()  # the previous save stopped training until here
         batch = data.global_batch_for_step(tokens, step=step, seed=args.seed, global_batch=args.global_batch,
                                            seq_len=preset.seq_len)
         steps.append(step)
@@ -309,20 +360,12 @@ def train(argv: list[str] | None = None) -> None:
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
         done = step + 1
         if (args.save_every and done % args.save_every == 0) or (args.save_checkpoint and done == args.steps):
+            start = time.perf_counter()
             cost, outcome = measure.measure_partitioned(partial(save, args, engine, tokenizer, done, identity),
                                                         args.output_dir, step=done, rank=rank, device=device)
             save_costs.append(cost.to_dict())
-            save_seconds += outcome.seconds
-            saves.append(outcome.record())
-            if outcome.skipped:  # this rank never called the save (the seed's rank-0 guard): nothing to report
-                continue
-            if not outcome.committed:
-                failed.append({"tag": outcome.tag, "step": done, "error": outcome.error})
-                report_failed_save(outcome, args)
-            elif rank == 0:
-                print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
-            if outcome.rotation_error:
-                rotation_errors.append(rotation.report(outcome))
+            log.add(outcome, start, durable=args.save_mode == "commit")
+    log.stall_ends()
 
     placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers
     save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
@@ -332,12 +375,12 @@ def train(argv: list[str] | None = None) -> None:
                                            seq_len=preset.seq_len)
         consolidate.save_reference(engine, fixed.to(device), args.output_dir, rank)
 
-    tag = verify.latest_name(args.output_dir) if len(saves) > len(failed) else None
+    tag = verify.latest_name(args.output_dir) if len(log.saves) > len(log.failed) else None
     records = gather_rank_records({
         "rank": rank,
         "peak_memory_bytes": peak_memory_bytes(device),
-        "save_seconds": save_seconds,
-        "saves": saves,
+        "save_seconds": log.save_seconds,
+        "saves": log.saves,
         "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
         "held": held, "state_dict": placeholders,
         "save_costs": save_costs,
@@ -352,7 +395,8 @@ def train(argv: list[str] | None = None) -> None:
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
             "global_batch": args.global_batch, "gradient_accumulation_steps": config["gradient_accumulation_steps"],
             "resharded": universal,
-            "save_mode": args.save_mode, "failed_saves": failed, "rotation_errors": rotation_errors, "init": args.init,
+            "save_mode": args.save_mode, "failed_saves": log.failed, "rotation_errors": log.rotation_errors,
+            "init": args.init,
             "persistence_threshold": args.persistence_threshold, "ds_config": config,
             "steps": steps, "losses": losses, "wall_seconds": time.perf_counter() - wall_start,
             "save_costs": costs, "ranks": records,
@@ -366,7 +410,7 @@ def train(argv: list[str] | None = None) -> None:
                 (Path(args.output_dir) / "run.json.tmp").unlink(missing_ok=True)
     dist.barrier()
     dist.destroy_process_group()
-    problem = ending_problem(saves, failed, run_json_error)
+    problem = ending_problem(log.saves, log.failed, run_json_error)
     if problem:
         raise RunIncomplete(f"rank {rank}: {problem}")
 
