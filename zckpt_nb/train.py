@@ -21,7 +21,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import checkpoint, commit, consolidate, lifeline, measure, nodes, patterns, reshard, rotation, verify
+from zckpt_nb import (
+    async_save,
+    checkpoint,
+    commit,
+    consolidate,
+    lifeline,
+    measure,
+    nodes,
+    patterns,
+    reshard,
+    rotation,
+    verify,
+)
 from zckpt_nb.model import (
     PRESETS,
     build_model,
@@ -60,8 +72,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--collective_timeout", type=float, default=None,
                         help="seconds a collective may wait for the other ranks "
                              "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
-    parser.add_argument("--save_mode", default="commit", choices=["commit", "plain", "rank0_only"],
-                        help="commit: the commit protocol; plain: DeepSpeed's save alone (benchmark baseline); "
+    parser.add_argument("--save_mode", default="commit", choices=["commit", "async", "plain", "rank0_only"],
+                        help="commit: the commit protocol; async: snapshot, write in the background, commit at a "
+                             "later step (zckpt_nb.async_save); plain: DeepSpeed's save alone (benchmark baseline); "
                              "rank0_only: the seed's hanging snippet (notebook 06)")
     parser.add_argument("--save_16bit", action="store_true",
                         help="after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
@@ -175,10 +188,13 @@ def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, identity: dict[str, Any]) -> Any:
-    """One save in the pattern --save_mode names; returns its `commit.SaveOutcome`."""
+def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, identity: dict[str, Any],
+         saver: async_save.AsyncSaver | None) -> Any:
+    """One save in the pattern --save_mode names; returns its `commit.SaveOutcome` (in flight for async)."""
     state = checkpoint.client_state(step, args.seed, args.global_batch, engine.dp_world_size)
     tag = f"global_step{step}"
+    if saver:
+        return saver.save(tag, state, step, checkpoint.folder_preparation(engine, tokenizer, args.output_dir, tag))
     if args.save_mode == "plain":
         return patterns.save_plain(engine, args.output_dir, tag, state)
     if args.save_mode == "rank0_only":
@@ -222,21 +238,25 @@ class SaveLog:
             record["stall_seconds"] = time.perf_counter() - start
             self._stalled = None
 
-    def add(self, outcome: Any, start: float, *, final: bool = True, durable: bool = True) -> None:
-        """A save called at `start` returned; `final`: its outcome is known (not a save still writing in the
-        background); `durable`: a committed outcome is on disk (not DeepSpeed's plain, unsynced, save)."""
+    def add(self, outcome: Any, start: float, durable: bool) -> None:
+        """A save called at `start` returned; `durable`: once committed it is on disk (not DeepSpeed's plain save).
+
+        An asynchronous save returns neither committed nor failed: `settle` follows when it is.
+        """
         record = outcome.record() | {"stall_seconds": None, "durable_seconds": None}
         self.saves.append(record)
         self.save_seconds += outcome.seconds
         self.started[outcome.tag] = start
         self._stalled = (record, start)
-        if final and not outcome.skipped:  # a rank that never called the save (the rank-0 guard) has nothing to say
+        if outcome.committed or outcome.error:  # not in flight, nor skipped (the seed's rank-0 guard)
             self.settle(outcome, durable)
 
-    def settle(self, outcome: Any, durable: bool = True) -> None:
-        """The save's final outcome, on every rank: report a failure, or note when it became durable."""
+    def settle(self, outcome: Any | None, durable: bool = True) -> None:
+        """A save's final outcome (None: nothing settled), on every rank: report a failure, or when it was durable."""
+        if outcome is None:
+            return
         record = next(r for r in reversed(self.saves) if r["tag"] == outcome.tag)
-        record.update(committed=outcome.committed, error=outcome.error)
+        record.update(committed=outcome.committed, error=outcome.error, timings=record["timings"] | outcome.timings)
         if not outcome.committed:
             self.failed.append({"tag": outcome.tag, "step": outcome.step, "error": outcome.error})
             report_failed_save(outcome, self.args)
@@ -349,9 +369,12 @@ def train(argv: list[str] | None = None) -> None:
 
     steps, losses, save_costs, log = [], [], [], SaveLog(args, rank)
     share = data.rank_share(args.global_batch, world, rank)  # this rank's slice of every step's global batch
+    saver = async_save.AsyncSaver(engine, args.output_dir, identity, keep_last=args.keep_last, device=device) \
+        if args.save_mode == "async" else None
     engine.train()
     for step in range(start_step, args.steps):
         log.stall_ends()  # the previous save stopped training until here
+        log.settle(saver.poll() if saver else None)  # an asynchronous save commits once every rank has written it
         batch = data.global_batch_for_step(tokens, step=step, seed=args.seed, global_batch=args.global_batch,
                                            seq_len=preset.seq_len)
         steps.append(step)
@@ -361,11 +384,14 @@ def train(argv: list[str] | None = None) -> None:
         done = step + 1
         if (args.save_every and done % args.save_every == 0) or (args.save_checkpoint and done == args.steps):
             start = time.perf_counter()
-            cost, outcome = measure.measure_partitioned(partial(save, args, engine, tokenizer, done, identity),
-                                                        args.output_dir, step=done, rank=rank, device=device)
+            log.settle(saver.finish() if saver else None)  # at most one save in flight: this wait is stall too
+            cost, outcome = measure.measure_partitioned(
+                partial(save, args, engine, tokenizer, done, identity, saver), args.output_dir, step=done, rank=rank,
+                device=device)
             save_costs.append(cost.to_dict())
-            log.add(outcome, start, durable=args.save_mode == "commit")
+            log.add(outcome, start, durable=args.save_mode in ("commit", "async"))
     log.stall_ends()
+    log.settle(saver.finish() if saver else None)  # the last save commits before the run ends
 
     placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers
     save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
