@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from zckpt_nb import claims, compare, planning
+from zckpt_nb import claims, compare, planning, stall
 from zckpt_nb.launch import RunResult
 from zckpt_nb.notebooks import execute, notebook_paths
 
@@ -67,6 +67,9 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         modes = parameters.get("MODES", list(compare.MODES))
         records = compare.select(compare.load_records(runs), "tiny", sizes, modes, threshold)
         assert claims.agreement_verdict(compare.agreement(records)) in text
+        save_modes = parameters.get("SAVE_MODES", stall.SAVE_MODES)
+        saves = [r for m in save_modes for r in stall.run_records(runs / f"stall_{m}", m)]
+        assert stall.stall_sentence(stall.summary(saves)) in text
     if prefix == "07":
         base = RunResult.from_dir(runs / "uninterrupted", [], 0.0)
         resumed = {int(d.name.rsplit("_", 1)[1]): RunResult.from_dir(d, [], 0.0)

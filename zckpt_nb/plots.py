@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import median
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -257,4 +258,19 @@ def plot_bytes_by_kind(parts: dict[str, dict[str, int]], *, title: str, caption:
         bottom = [b + s for b, s in zip(bottom, sizes)]
     ax.set(title=title, xlabel="checkpoint layout", ylabel="bytes on disk (MiB)")
     ax.legend(fontsize=8)
+    return add_caption(fig, caption)
+
+
+def plot_stall(records: list[dict], *, title: str, caption: str) -> Figure:
+    """Per save mode and rank, the median over its saves: seconds training stopped, and seconds until durable."""
+    labels = list(dict.fromkeys(f"{r['mode']} r{r['rank']}" for r in records))
+
+    def med(label: str, key: str) -> float:
+        values = [r[key] for r in records if f"{r['mode']} r{r['rank']}" == label and r[key] is not None]
+        return median(values) if values else 0.0  # 0: never durable (DeepSpeed's plain save)
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    _paired_bars(ax, labels, [med(x, "stall_seconds") for x in labels], [med(x, "durable_seconds") for x in labels],
+                 ("training stopped", "until durable (0: never)"))
+    ax.set(title=title, xlabel="save mode and rank", ylabel="median over saves (s)")
     return add_caption(fig, caption)

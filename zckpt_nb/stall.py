@@ -1,0 +1,71 @@
+"""How long a save stops training, per save mode: the stall against the time until the checkpoint is durable.
+
+Each save mode gets one training launch with the same model, world size, steps and save schedule. Its run.json
+holds, per save and rank, `stall_seconds` (the save call to the start of the next step) and `durable_seconds` (the
+save call to the moment every rank knows the commit is on disk; None for DeepSpeed's plain save, which never
+fsyncs). The asynchronous mode also records the snapshot it holds in memory until its files are written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+SAVE_MODES = ("plain", "commit", "async")
+
+
+def save_record(mode: str, rank: int, save: dict[str, Any]) -> dict[str, Any]:
+    """One save of one rank, from run.json, with the mode that made it."""
+    return {"mode": mode, "rank": rank, "tag": save["tag"], "committed": save["committed"],
+            "stall_seconds": save["stall_seconds"], "durable_seconds": save["durable_seconds"],
+            "snapshot_bytes": save.get("snapshot_bytes", 0)}
+
+
+def run_records(run_dir: str | Path, mode: str) -> list[dict[str, Any]]:
+    """Every save of every rank of the run in `run_dir` (read from its run.json)."""
+    from zckpt_nb.launch import RunResult
+
+    run = RunResult.from_dir(Path(run_dir), [], 0.0)
+    return [save_record(mode, r["rank"], s) for r in run.ranks for s in r["saves"]]
+
+
+def measure_modes(model: str, nproc: int, modes: list[str], out_dir: str | Path, *, steps: int = 8,
+                  save_every: int = 4, progress: bool = False) -> list[dict[str, Any]]:
+    """One launch per save mode into OUT_DIR/stall_<mode>; one record per (mode, rank, save)."""
+    from zckpt_nb.launch import UsageError, fresh_dir, launch
+
+    unknown = [m for m in modes if m not in SAVE_MODES]
+    if unknown or not modes:
+        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(SAVE_MODES)}")
+    records = []
+    for mode in modes:
+        run = launch(nproc, steps, fresh_dir(Path(out_dir) / f"stall_{mode}"), save_every=save_every, model=model,
+                     extra=["--save_mode", mode], verbose=False, progress=progress)
+        records += run_records(run.output_dir, mode)
+    return records
+
+
+def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per mode: the median stall and time to durable over its saves and ranks, and its largest snapshot."""
+    rows = []
+    for mode in dict.fromkeys(r["mode"] for r in records):
+        group = [r for r in records if r["mode"] == mode]
+        durable = [r["durable_seconds"] for r in group if r["durable_seconds"] is not None]
+        rows.append({"mode": mode, "saves x ranks": len(group),
+                     "median stall s": round(median(r["stall_seconds"] for r in group), 4),
+                     "median durable s": round(median(durable), 4) if durable else None,
+                     "largest snapshot MiB": round(max(r["snapshot_bytes"] for r in group) / 2**20, 2)})
+    return rows
+
+
+def stall_sentence(rows: list[dict[str, Any]]) -> str:
+    """What the medians say: which mode stops training least, and when each mode's checkpoint is durable."""
+    least = min(rows, key=lambda r: r["median stall s"])
+    parts = [f"{r['mode']} stops training {r['median stall s']:.3f} s per save and "
+             + ("never makes it durable (no fsync)" if r["median durable s"] is None
+                else f"is durable after {r['median durable s']:.3f} s") for r in rows]
+    memory = [f"{r['mode']} holds a {r['largest snapshot MiB']} MiB snapshot per rank until its files are written"
+              for r in rows if r["largest snapshot MiB"]]
+    return (f"Medians over every save and rank: {'; '.join(parts)}. Least stall: {least['mode']}."
+            + "".join(f" The price: {m}." for m in memory))
