@@ -72,6 +72,7 @@ class SnapshotWriter(commit.DeferredErrorWriter):
             self.done.set()
 
     def write_file(self, path: Path, data: memoryview) -> None:
+        """One file, hashed and fsynced; an error is kept for the agreement and the partial file removed."""
         try:
             super().write(data, path)  # DeferredErrorWriter.write: hashing file, fsync; `inner` writes the bytes
         except Exception as e:
@@ -89,6 +90,8 @@ class BytesEngine:
 
 @dataclass
 class InFlight:
+    """The save being written in the background: what its commit needs."""
+
     tag: str
     step: int
     start: float
@@ -147,6 +150,7 @@ class AsyncSaver:
         return None if self.flight is None else self.commit()
 
     def commit(self) -> AsyncOutcome:
+        """Every rank, once its writer is done: the agreement and commit (`commit.agree_and_commit`), then rotation."""
         flight, self.flight = self.flight, None
         flight.thread.join()
         writer, rank = flight.writer, flight.writer.rank

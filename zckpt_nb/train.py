@@ -233,6 +233,7 @@ class SaveLog:
         self._stalled: tuple[dict[str, Any], float] | None = None  # the last save's record, until the next step
 
     def stall_ends(self) -> None:
+        """The next step starts (or training ends): the last save's stall is over."""
         if self._stalled:
             record, start = self._stalled
             record["stall_seconds"] = time.perf_counter() - start
