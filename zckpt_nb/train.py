@@ -220,7 +220,8 @@ class SaveLog:
 
     `stall_seconds` runs from the save call to the start of the next step (or the end of the loop);
     `durable_seconds` from the save call to the moment every rank knows the commit is on disk (None when the mode
-    never makes it durable, or the save failed).
+    never makes it durable, or the save failed). `started_at`, `step_starts` and `loop_seconds` (its end) are seconds
+    since the training loop began on this rank (the timeline of notebook 08).
     """
 
     def __init__(self, args: argparse.Namespace, rank: int) -> None:
@@ -230,10 +231,18 @@ class SaveLog:
         self.rotation_errors: list[str] = []
         self.save_seconds = 0.0
         self.started: dict[str, float] = {}  # tag -> when its save was called
+        self.loop_start = time.perf_counter()
+        self.step_starts: list[float] = []
+        self.loop_seconds = 0.0  # when the loop ended, on the same clock
         self._stalled: tuple[dict[str, Any], float] | None = None  # the last save's record, until the next step
 
-    def stall_ends(self) -> None:
-        """The next step starts (or training ends): the last save's stall is over."""
+    def stall_ends(self, step_starts: bool = True) -> None:
+        """The next step starts (`step_starts`), or training ends: the last save's stall is over."""
+        now = time.perf_counter() - self.loop_start
+        if step_starts:
+            self.step_starts.append(now)
+        else:
+            self.loop_seconds = now
         if self._stalled:
             record, start = self._stalled
             record["stall_seconds"] = time.perf_counter() - start
@@ -244,7 +253,8 @@ class SaveLog:
 
         An asynchronous save returns neither committed nor failed: `settle` follows when it is.
         """
-        record = outcome.record() | {"stall_seconds": None, "durable_seconds": None}
+        record = outcome.record() | {"stall_seconds": None, "durable_seconds": None,
+                                     "started_at": start - self.loop_start}
         self.saves.append(record)
         self.save_seconds += outcome.seconds
         self.started[outcome.tag] = start
@@ -368,11 +378,11 @@ def train(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, save_costs, log = [], [], [], SaveLog(args, rank)
     share = data.rank_share(args.global_batch, world, rank)  # this rank's slice of every step's global batch
     saver = async_save.AsyncSaver(engine, args.output_dir, identity, keep_last=args.keep_last, device=device) \
         if args.save_mode == "async" else None
     engine.train()
+    steps, losses, save_costs, log = [], [], [], SaveLog(args, rank)
     for step in range(start_step, args.steps):
         log.stall_ends()  # the previous save stopped training until here
         log.settle(saver.poll() if saver else None)  # an asynchronous save commits once every rank has written it
@@ -391,7 +401,7 @@ def train(argv: list[str] | None = None) -> None:
                 device=device)
             save_costs.append(cost.to_dict())
             log.add(outcome, start, durable=args.save_mode in ("commit", "async"))
-    log.stall_ends()
+    log.stall_ends(step_starts=False)
     log.settle(saver.finish() if saver else None)  # the last save commits before the run ends
 
     placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers
@@ -407,7 +417,7 @@ def train(argv: list[str] | None = None) -> None:
         "rank": rank,
         "peak_memory_bytes": peak_memory_bytes(device),
         "save_seconds": log.save_seconds,
-        "saves": log.saves,
+        "saves": log.saves, "step_starts": log.step_starts, "loop_seconds": log.loop_seconds,
         "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
         "held": held, "state_dict": placeholders,
         "save_costs": save_costs,
