@@ -76,6 +76,11 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
                    for d in sorted(runs.glob("resumed_on_*"))}
         assert claims.reshard_sentence(claims.reshard_rows(base, resumed)) in text
         assert all(r.data["global_batch"] == parameters.get("GLOBAL_BATCH", 16) for r in [base, *resumed.values()])
+    if prefix == "08":
+        modes = parameters.get("SAVE_MODES", list(stall.SAVE_MODES))
+        saves = [r for m in modes for r in stall.run_records(runs / f"stall_{m}", m)]
+        assert stall.stall_sentence(stall.summary(saves)) in text
+        assert stall.memory_sentence(stall.memory_rows(stall.load_runs(runs, modes))) in text
     if prefix == "09":
         get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
         bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"))

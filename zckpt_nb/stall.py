@@ -69,3 +69,36 @@ def stall_sentence(rows: list[dict[str, Any]]) -> str:
               for r in rows if r["largest snapshot MiB"]]
     return (f"Medians over every save and rank: {'; '.join(parts)}. Least stall: {least['mode']}."
             + "".join(f" The price: {m}." for m in memory))
+
+
+def load_runs(out_dir: str | Path, modes: list[str]) -> dict[str, dict[str, Any]]:
+    """The run.json of each mode's launch by `measure_modes`, by mode."""
+    from zckpt_nb.launch import RunResult
+
+    return {mode: RunResult.from_dir(Path(out_dir) / f"stall_{mode}", [], 0.0).data for mode in modes}
+
+
+def memory_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per mode and rank: the snapshot held after the save call, the rank's checkpoint files, the call's heap peak."""
+    rows = []
+    for mode, run in runs.items():
+        for rank in run["ranks"]:
+            calls = [c for c in run["save_costs"] if c["mode"] == "partitioned" and c["rank"] == rank["rank"]]
+            files = sum(f["bytes"] for f in rank["files"] if "zero_pp_rank" in f["path"])
+            rows.append({"mode": mode, "rank": rank["rank"],
+                         "snapshot MiB": round(max(s.get("snapshot_bytes", 0) for s in rank["saves"]) / 2**20, 2),
+                         "checkpoint files MiB": round(files / 2**20, 2),
+                         "save call's extra heap peak MiB": round(
+                             max(c.get("heap_extra_peak_bytes") or 0 for c in calls) / 2**20, 2)})
+    return rows
+
+
+def memory_sentence(rows: list[dict[str, Any]]) -> str:
+    """What the asynchronous mode's snapshot costs in host memory, against the files it stands for."""
+    held = [r for r in rows if r["snapshot MiB"]]
+    if not held:
+        return "No save held a snapshot (no asynchronous save ran), so no save cost memory beyond its call."
+    worst = max(held, key=lambda r: r["snapshot MiB"])
+    return (f"The asynchronous save's price: rank {worst['rank']} held a {worst['snapshot MiB']} MiB snapshot, "
+            f"{worst['snapshot MiB'] / worst['checkpoint files MiB']:.2f}x its checkpoint files "
+            f"({worst['checkpoint files MiB']} MiB), from the save call until its background write finished.")
