@@ -80,7 +80,9 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         modes = parameters.get("SAVE_MODES", list(stall.SAVE_MODES))
         saves = [r for m in modes for r in stall.run_records(runs / f"stall_{m}", m)]
         assert stall.stall_sentence(stall.summary(saves)) in text
-        assert stall.memory_sentence(stall.memory_rows(stall.load_runs(runs, modes))) in text
+        loaded = stall.load_runs(runs, modes)
+        assert stall.memory_sentence(stall.memory_rows(loaded)) in text
+        assert stall.overlap_sentence(stall.step_rows(loaded)) in text
     if prefix == "09":
         get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
         bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"))

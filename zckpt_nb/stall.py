@@ -13,6 +13,8 @@ from statistics import median
 from typing import Any
 
 SAVE_MODES = ("plain", "commit", "async")
+NEVER = "never (no fsync)"  # the time to durable of a mode that does not fsync
+NONE = "-"  # no step of that kind
 
 
 def save_record(mode: str, rank: int, save: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +56,7 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         durable = [r["durable_seconds"] for r in group if r["durable_seconds"] is not None]
         rows.append({"mode": mode, "saves x ranks": len(group),
                      "median stall s": round(median(r["stall_seconds"] for r in group), 4),
-                     "median durable s": round(median(durable), 4) if durable else None,
+                     "median durable s": round(median(durable), 4) if durable else NEVER,
                      "largest snapshot MiB": round(max(r["snapshot_bytes"] for r in group) / 2**20, 2)})
     return rows
 
@@ -63,7 +65,7 @@ def stall_sentence(rows: list[dict[str, Any]]) -> str:
     """What the medians say: which mode stops training least, and when each mode's checkpoint is durable."""
     least = min(rows, key=lambda r: r["median stall s"])
     parts = [f"{r['mode']} stops training {r['median stall s']:.3f} s per save and "
-             + ("never makes it durable (no fsync)" if r["median durable s"] is None
+             + ("never makes it durable (no fsync)" if r["median durable s"] == NEVER
                 else f"is durable after {r['median durable s']:.3f} s") for r in rows]
     memory = [f"{r['mode']} holds a {r['largest snapshot MiB']} MiB snapshot per rank until its files are written"
               for r in rows if r["largest snapshot MiB"]]
@@ -102,3 +104,41 @@ def memory_sentence(rows: list[dict[str, Any]]) -> str:
     return (f"The asynchronous save's price: rank {worst['rank']} held a {worst['snapshot MiB']} MiB snapshot, "
             f"{worst['snapshot MiB'] / worst['checkpoint files MiB']:.2f}x its checkpoint files "
             f"({worst['checkpoint files MiB']} MiB), from the save call until its background write finished.")
+
+
+def step_seconds(rank: dict[str, Any]) -> list[tuple[float, bool]]:
+    """Each full training step of one rank: (seconds without any save's stall, whether a save was being written)."""
+    saves, starts = rank["saves"], rank["step_starts"]
+    steps = []
+    for begin, end in zip(starts, starts[1:]):
+        stalled = sum(s["stall_seconds"] for s in saves if begin <= s["started_at"] < end)
+        writing = any(s["durable_seconds"] and s["started_at"] + s["stall_seconds"] < end
+                      and begin < s["started_at"] + s["durable_seconds"] for s in saves)
+        steps.append((end - begin - stalled, writing))
+    return steps
+
+
+def step_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per mode: the median training step (the save's stall taken out) with and without a save being written."""
+    rows = []
+    for mode, run in runs.items():
+        steps = [st for rank in run["ranks"] for st in step_seconds(rank)]
+        busy, idle = [t for t, w in steps if w], [t for t, w in steps if not w]
+        rows.append({"mode": mode, "steps x ranks": len(steps),
+                     "median step s, no save being written": round(median(idle), 4) if idle else NONE,
+                     "median step s, a save being written": round(median(busy), 4) if busy else NONE})
+    return rows
+
+
+def overlap_sentence(rows: list[dict[str, Any]], tolerance: float = 0.1) -> str:
+    """Whether writing a save in the background slowed the training steps it overlapped (beyond `tolerance`)."""
+    row = next((r for r in rows if r["mode"] == "async"), None)
+    if row is None or NONE in (row["median step s, a save being written"], row["median step s, no save being written"]):
+        return "No training step overlapped a background write, so their interference was not measured."
+    busy, idle = row["median step s, a save being written"], row["median step s, no save being written"]
+    verdict = (f"slower by more than {tolerance:.0%}, as expected where the background write and hashing share "
+               "the CPU cores with training; part of the stall saved comes back as slower steps"
+               if busy > (1 + tolerance) * idle else
+               f"within {tolerance:.0%}, so this run shows no slowdown from the overlapping write")
+    return (f"While an asynchronous save was being written, a training step took a median {busy:.3f} s against "
+            f"{idle:.3f} s otherwise in the same run ({busy / idle:.2f}x): {verdict}.")
