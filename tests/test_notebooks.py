@@ -25,6 +25,7 @@ MATRIX = [
     ("05", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
     ("06", {"NPROC": 1}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7}),
+    ("08", {"NPROC": 3, "MODEL": "tiny", "STEPS": 9, "SAVE_EVERY": 3, "SAVE_MODES": ["commit", "async"]}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0}),
 ]
