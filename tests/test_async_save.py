@@ -1,5 +1,7 @@
 """`--save_mode async`: snapshot, background write, commit at a later step. Real 2-rank ZeRO-3 runs on CPU."""
 
+from pathlib import Path
+
 import pytest
 from test_commit import failed_launch, run, same_losses, small_disk, verify_cli
 
@@ -26,6 +28,9 @@ def test_every_async_save_commits_and_records_its_stall_and_time_to_durable(asyn
             assert 0 < save["stall_seconds"] < save["durable_seconds"]
             assert save["snapshot_bytes"] >= save["estimated_bytes"] * 0.95
             assert {"snapshot", "write", "fsync", "hash", "protocol"} <= set(save["timings"])
+    for cost in async_run.data["save_costs"]:  # the files the background write put on disk, not the call's
+        shards = [f for f in cost["files"] if "zero_pp_rank" in f]
+        assert len(shards) == 2 and cost["bytes_written"] >= sum(Path(f).stat().st_size for f in shards)
 
 
 def test_deepspeeds_zero_to_fp32_reads_an_async_checkpoint(async_run, tmp_path):

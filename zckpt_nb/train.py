@@ -231,6 +231,7 @@ class SaveLog:
         self.rotation_errors: list[str] = []
         self.save_seconds = 0.0
         self.started: dict[str, float] = {}  # tag -> when its save was called
+        self.costs: dict[str, dict[str, Any]] = {}  # tag -> the save call's SaveCost, as a dict
         self.loop_start = time.perf_counter()
         self.step_starts: list[float] = []
         self.loop_seconds = 0.0  # when the loop ended, on the same clock
@@ -248,16 +249,18 @@ class SaveLog:
             record["stall_seconds"] = time.perf_counter() - start
             self._stalled = None
 
-    def add(self, outcome: Any, start: float, durable: bool) -> None:
+    def add(self, outcome: Any, start: float, durable: bool, cost: dict[str, Any]) -> None:
         """A save called at `start` returned; `durable`: once committed it is on disk (not DeepSpeed's plain save).
 
-        An asynchronous save returns neither committed nor failed: `settle` follows when it is.
+        An asynchronous save returns neither committed nor failed: `settle` follows when it is, and then completes
+        its `cost` (this rank's SaveCost of the call) with the files the background write put on disk.
         """
         record = outcome.record() | {"stall_seconds": None, "durable_seconds": None,
                                      "started_at": start - self.loop_start}
         self.saves.append(record)
         self.save_seconds += outcome.seconds
         self.started[outcome.tag] = start
+        self.costs[outcome.tag] = cost
         self._stalled = (record, start)
         if outcome.committed or outcome.error:  # not in flight, nor skipped (the seed's rank-0 guard)
             self.settle(outcome, durable)
@@ -272,6 +275,11 @@ class SaveLog:
             self.failed.append({"tag": outcome.tag, "step": outcome.step, "error": outcome.error})
             report_failed_save(outcome, self.args)
             return
+        if "snapshot_bytes" in record:  # asynchronous: the files were written after the call was measured
+            files = checkpoint.rank_files(self.args.output_dir, outcome.tag, self.rank)
+            root = Path(self.args.output_dir)
+            self.costs[outcome.tag].update(files=[str(root / f["path"]) for f in files],
+                                           bytes_written=sum(f["bytes"] for f in files))
         if durable:
             record["durable_seconds"] = time.perf_counter() - self.started[outcome.tag]
         if self.rank == 0:
@@ -382,7 +390,7 @@ def train(argv: list[str] | None = None) -> None:
     saver = async_save.AsyncSaver(engine, args.output_dir, identity, keep_last=args.keep_last, device=device) \
         if args.save_mode == "async" else None
     engine.train()
-    steps, losses, save_costs, log = [], [], [], SaveLog(args, rank)
+    steps, losses, log = [], [], SaveLog(args, rank)
     for step in range(start_step, args.steps):
         log.stall_ends()  # the previous save stopped training until here
         log.settle(saver.poll() if saver else None)  # an asynchronous save commits once every rank has written it
@@ -399,13 +407,12 @@ def train(argv: list[str] | None = None) -> None:
             cost, outcome = measure.measure_partitioned(
                 partial(save, args, engine, tokenizer, done, identity, saver), args.output_dir, step=done, rank=rank,
                 device=device)
-            save_costs.append(cost.to_dict())
-            log.add(outcome, start, durable=args.save_mode in ("commit", "async"))
+            log.add(outcome, start, durable=args.save_mode in ("commit", "async"), cost=cost.to_dict())
     log.stall_ends(step_starts=False)
     log.settle(saver.finish() if saver else None)  # the last save commits before the run ends
 
     placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers
-    save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
+    save_costs = list(log.costs.values()) + consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
                                          per_param=args.save_gathered, rank=rank, device=device)
     if args.save_reference:
         fixed = data.global_batch_for_step(tokens, step=args.steps, seed=args.seed, global_batch=2,
