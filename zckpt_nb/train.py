@@ -270,7 +270,8 @@ class SaveLog:
         if outcome is None:
             return
         record = next(r for r in reversed(self.saves) if r["tag"] == outcome.tag)
-        record.update(committed=outcome.committed, error=outcome.error, timings=record["timings"] | outcome.timings)
+        record.update(committed=outcome.committed, error=outcome.error, timings=record["timings"] | outcome.timings,
+                      deleted=outcome.deleted, rotation_error=outcome.rotation_error)
         if not outcome.committed:
             self.failed.append({"tag": outcome.tag, "step": outcome.step, "error": outcome.error})
             report_failed_save(outcome, self.args)
