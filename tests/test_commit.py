@@ -337,7 +337,7 @@ def test_error_lines_name_errno_rank_and_path(tmp_path):
 
 
 def test_unknown_fault_point_is_refused():
-    with pytest.raises(ValueError, match="shards, before_commit, latest, stall, fill"):
+    with pytest.raises(ValueError, match="shards, before_commit, latest, background, stall, fill"):
         faults.parse("explode:0:8")
 
 

@@ -30,6 +30,8 @@ def test_every_mode_has_a_record_per_rank(compared):
                     "seconds", "predicted_comm_bytes", "logged_comm_bytes"):
             assert key in r
         assert r["peak_memory_bytes"] > 0 and r["seconds"] > 0
+        if r["mode"] == "partitioned":  # the commit protocol: training waits until the save is durable
+            assert r["save_mode"] == "commit" and r["stall_seconds"] >= r["durable_seconds"] > 0
 
 
 def test_predicted_bytes_are_within_1_percent_of_measured_payloads(compared):

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from zckpt_nb import claims, compare, planning
+from zckpt_nb import claims, compare, planning, stall
 from zckpt_nb.launch import RunResult
 from zckpt_nb.notebooks import execute, notebook_paths
 
@@ -26,6 +26,7 @@ MATRIX = [
     ("06", {"NPROC": 1}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
             "NODE_STEPS": 4}),
+    ("08", {"NPROC": 3, "MODEL": "tiny", "STEPS": 9, "SAVE_EVERY": 3, "SAVE_MODES": ["commit", "async"]}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0}),
 ]
@@ -68,12 +69,22 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         modes = parameters.get("MODES", list(compare.MODES))
         records = compare.select(compare.load_records(runs), "tiny", sizes, modes, threshold)
         assert claims.agreement_verdict(compare.agreement(records)) in text
+        save_modes = parameters.get("SAVE_MODES", stall.SAVE_MODES)
+        saves = [r for m in save_modes for r in stall.run_records(runs / f"stall_{m}", m)]
+        assert stall.stall_sentence(stall.summary(saves)) in text
     if prefix == "07":
         base = RunResult.from_dir(runs / "uninterrupted", [], 0.0)
         resumed = {int(d.name.rsplit("_", 1)[1]): RunResult.from_dir(d, [], 0.0)
                    for d in sorted(runs.glob("resumed_on_*"))}
         assert claims.reshard_sentence(claims.reshard_rows(base, resumed)) in text
         assert all(r.data["global_batch"] == parameters.get("GLOBAL_BATCH", 16) for r in [base, *resumed.values()])
+    if prefix == "08":
+        modes = parameters.get("SAVE_MODES", list(stall.SAVE_MODES))
+        saves = [r for m in modes for r in stall.run_records(runs / f"stall_{m}", m)]
+        assert stall.stall_sentence(stall.summary(saves)) in text
+        loaded = stall.load_runs(runs, modes)
+        assert stall.memory_sentence(stall.memory_rows(loaded)) in text
+        assert stall.overlap_sentence(stall.step_rows(loaded)) in text
     if prefix == "09":
         get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
         bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"))

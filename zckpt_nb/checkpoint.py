@@ -59,6 +59,15 @@ def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
     engine.module.config.save_pretrained(folder)
 
 
+def folder_preparation(engine: Any, tokenizer: Any, output_dir: str | Path, tag: str) -> Any:
+    """What the one process per folder does before a save (the directory, the tokenizer); None on the others."""
+    from zckpt_nb import commit, nodes
+
+    if not nodes.writes_folder(bool(engine.use_node_local_storage())):
+        return None
+    return partial(commit.prepare_folder, output_dir, tag, partial(write_shared, engine, tokenizer), SHARED_FILES)
+
+
 def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state: dict[str, Any], *,
                      keep_last: int = 0, identity: dict[str, Any] | None = None) -> Any:
     """Save a partitioned checkpoint from *every* rank through the commit protocol; returns its `SaveOutcome`.
@@ -67,15 +76,13 @@ def save_partitioned(engine: Any, tokenizer: Any, output_dir: str | Path, state:
     failed, with `.error` saying which rank, what and where. See `zckpt_nb.commit`. With `keep_last`, a
     committed save is followed by rotation (`zckpt_nb.rotation`), whose failure only sets `.rotation_error`.
     """
-    from zckpt_nb import commit, nodes, rotation
+    from zckpt_nb import commit, rotation
 
     step, node_local = state[CLIENT_KEY]["step"], bool(engine.use_node_local_storage())
-    tag, prepare = f"global_step{step}", None
-    if nodes.writes_folder(node_local):  # one process per folder creates the directory and writes the tokenizer ...
-        prepare = partial(commit.prepare_folder, output_dir, tag, partial(write_shared, engine, tokenizer),
-                          SHARED_FILES)
-    # ... but every rank saves its shard, and the checkpoint counts once every rank's shard is on disk
-    outcome = commit.save(engine, output_dir, tag, state, step=step, identity=identity or {}, prepare=prepare)
+    tag = f"global_step{step}"
+    # every rank saves its shard, and the checkpoint counts once every rank's shard is on disk
+    outcome = commit.save(engine, output_dir, tag, state, step=step, identity=identity or {},
+                          prepare=folder_preparation(engine, tokenizer, output_dir, tag))
     if outcome.committed and keep_last:  # the same on every rank, so every rank joins rotation's gather
         rotation.after_commit(output_dir, keep_last, outcome, node_local)
     return outcome

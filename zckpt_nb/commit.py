@@ -36,12 +36,9 @@ from zckpt_nb import faults, measure, nodes
 from zckpt_nb.shards import engine_file_bytes
 from zckpt_nb.verify import (
     MANIFEST,
-    CheckpointError,
     committed_tags,
     file_record,
     manifest_text,
-    tag_to_resume,
-    verify_tag,
 )
 
 TIMEOUT_WORDS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
@@ -299,38 +296,22 @@ def discard(save_dir: Path, tag: str, writes: bool) -> None:
         shutil.rmtree(save_dir / tag, ignore_errors=True)
 
 
-def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, step: int,
-         identity: dict[str, Any], prepare: Callable[[], None] | None = None) -> SaveOutcome:
-    """Save checkpoint `tag` with the commit protocol; every rank must call it. Never raises for a failed save."""
-    import torch.distributed as dist
-
-    start, rank, save_dir = time.perf_counter(), dist.get_rank(), Path(save_dir)
-    node_local = bool(engine.use_node_local_storage())
-    writes = nodes.writes_folder(node_local)
+def agreed_preflight(engine: Any, save_dir: Path, state: dict[str, Any], rank: int,
+                     prepare: Callable[[], None] | None) -> tuple[str | None, int]:
+    """Step 1 on every rank: (the error every rank agrees on, or None; this rank's predicted bytes)."""
     need = engine_file_bytes(engine, state)
     reports = gather(preflight(save_dir, need, rank, prepare))
-    error = first_errors(reports) or space_problem(reports, save_dir)
-    if error:
-        return SaveOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
+    return first_errors(reports) or space_problem(reports, save_dir), need
 
-    faults.maybe("fill", rank, step, save_dir)
-    writer = DeferredErrorWriter(engine.checkpoint_engine, rank, step)
-    write_start = time.perf_counter()
-    try:
-        with deferred_errors(engine, writer):
-            engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
-    except Exception as e:  # outside a file write: the ranks' collectives may no longer line up
-        if is_timeout(e):
-            raise CollectiveTimeout(
-                f"rank {rank}: save of {tag} stopped after {time.perf_counter() - start:.0f} s: a collective timed "
-                f"out or lost a rank ({str(e).strip().splitlines()[0][:160]}); a rank is stuck (a hung network "
-                "filesystem?) or died. 'latest' was not moved") from None
-        writer.fail(e, save_dir / tag, "saving")
-    write_seconds = time.perf_counter() - write_start
 
-    faults.maybe("before_commit", rank, step)
-    reports = gather({"rank": rank, "error": writer.error, "files": writer.records(save_dir / tag)})
-    faults.release(rank, step, save_dir)
+def agree_and_commit(save_dir: Path, tag: str, step: int, writer: DeferredErrorWriter, identity: dict[str, Any],
+                     node_local: bool) -> str | None:
+    """Steps 3 to 5 on every rank once its files are written: the error every rank agrees on, or None (committed)."""
+    import torch.distributed as dist
+
+    writes = nodes.writes_folder(node_local)
+    reports = gather({"rank": writer.rank, "error": writer.error, "files": writer.records(save_dir / tag)})
+    faults.release(writer.rank, step, save_dir)
     error, commit_error = first_errors(reports), None
     if error:
         discard(save_dir, tag, writes)
@@ -338,34 +319,47 @@ def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, 
         try:
             manifest = manifest_text(save_dir, tag, step, dist.get_world_size(), identity, reports,
                                      node=nodes.node_rank() if node_local else None)
-            commit_folder(save_dir, tag, step, manifest, rank)
+            commit_folder(save_dir, tag, step, manifest, writer.rank)
         except OSError as e:
-            commit_error = describe_error(e, e.filename or save_dir / tag, rank, "committing")
+            commit_error = describe_error(e, e.filename or save_dir / tag, writer.rank, "committing")
             (save_dir / tag / MANIFEST).unlink(missing_ok=True)
             discard(save_dir, tag, writes)
-    error = error or first_errors(gather({"error": commit_error}))  # `error` is alike on all ranks: all gather or none
+    return error or first_errors(gather({"error": commit_error}))  # alike on all ranks: all gather or none
+
+
+def save(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any], *, step: int,
+         identity: dict[str, Any], prepare: Callable[[], None] | None = None) -> SaveOutcome:
+    """Save checkpoint `tag` with the commit protocol; every rank must call it. Never raises for a failed save."""
+    import torch.distributed as dist
+
+    start, rank, save_dir = time.perf_counter(), dist.get_rank(), Path(save_dir)
+    error, need = agreed_preflight(engine, save_dir, state, rank, prepare)
+    if error:
+        return SaveOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
+
+    faults.maybe("fill", rank, step, save_dir)
+    writer = DeferredErrorWriter(engine.checkpoint_engine, rank, step)
+    write_start = time.perf_counter()
+    run_save(engine, writer, save_dir, tag, state, start)
+    write_seconds = time.perf_counter() - write_start
+    faults.maybe("before_commit", rank, step)
+    error = agree_and_commit(save_dir, tag, step, writer, identity, bool(engine.use_node_local_storage()))
     seconds = time.perf_counter() - start
     timings = {"write": write_seconds - writer.fsync_seconds - writer.hash_seconds, "fsync": writer.fsync_seconds,
                "hash": writer.hash_seconds, "protocol": seconds - write_seconds}
     return SaveOutcome(tag, step, error is None, error, seconds, timings, estimated_bytes=need)
 
 
-def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:
-    """The newest committed tag, verified before loading: each rank hashes its own files, all ranks agree.
-
-    Returns (tag, note) where note says what was skipped; raises CheckpointError on every rank otherwise.
-    """
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    tag, note, error = None, None, None
-    everywhere = set.intersection(*(set(tags) for tags in gather(committed_tags(ckpt_dir))))  # node-local folders
+def run_save(engine: Any, writer: DeferredErrorWriter, save_dir: Path, tag: str, state: dict[str, Any],
+             start: float) -> None:
+    """Step 2: DeepSpeed's save through `writer`, which keeps write errors; a lost collective raises."""
     try:
-        tag, note = tag_to_resume(ckpt_dir, everywhere)
-        verify_tag(ckpt_dir, tag, world_size=world, identity=identity, ranks=[rank])
-    except CheckpointError as e:
-        error = str(e)
-    errors = [e for e in gather(error) if e]
-    if errors:
-        raise CheckpointError(errors[0])
-    return tag, note
+        with deferred_errors(engine, writer):
+            engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
+    except Exception as e:  # outside a file write: the ranks' collectives may no longer line up
+        if is_timeout(e):
+            raise CollectiveTimeout(
+                f"rank {writer.rank}: save of {tag} stopped after {time.perf_counter() - start:.0f} s: a collective "
+                f"timed out or lost a rank ({str(e).strip().splitlines()[0][:160]}); a rank is stuck (a hung "
+                "network filesystem?) or died. 'latest' was not moved") from None
+        writer.fail(e, save_dir / tag, "saving")

@@ -64,6 +64,17 @@ def rank_files(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]
     return {"predicted_rank_file_bytes": predicted, "measured_rank_file_bytes": shards[cost["rank"]].bytes}
 
 
+def save_times(run: dict[str, Any], cost: dict[str, Any]) -> dict[str, float | None]:
+    """A partitioned save's stall and time to durable on this rank (run.json's last save); None for the other routes.
+
+    The other routes run after training (stall is not defined) and none of them fsyncs what it writes.
+    """
+    if cost["mode"] != "partitioned":
+        return {"stall_seconds": None, "durable_seconds": None}
+    last = run["ranks"][cost["rank"]]["saves"][-1]
+    return {"stall_seconds": last.get("stall_seconds"), "durable_seconds": last.get("durable_seconds")}
+
+
 def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) -> dict[str, Any]:
     """One comparison row: predicted and measured figures for one (mode, world size, rank) of a run."""
     model, n, threshold = run["model"], run["world_size"], run["persistence_threshold"]
@@ -75,7 +86,8 @@ def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) ->
             "peak_memory_bytes": cost["peak_memory_bytes"], "extra_peak_bytes": cost["extra_peak_bytes"],
             # live heap above the start on CPU (RSS hides reused pages), allocator peak on GPU
             "measured_extra_peak_bytes": cost.get("heap_extra_peak_bytes") or cost["extra_peak_bytes"],
-            "seconds": cost["seconds"], "logged_comm_bytes": cost["comm_bytes"],
+            "seconds": cost["seconds"], **save_times(run, cost), "save_mode": run["save_mode"],
+            "logged_comm_bytes": cost["comm_bytes"],
             "protocol_comm_bytes": cost.get("protocol_comm_bytes", 0),
             "logged_comm_ops": {op: v["count"] for op, v in cost["comm_ops"].items()},
             "logged_comm_op_bytes": {op: v["bytes"] for op, v in cost["comm_ops"].items() if v["bytes"]}}
@@ -122,10 +134,10 @@ def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, s
 def load_records(out_dir: Path) -> list[dict[str, Any]]:
     """Records measured earlier into `out_dir/compare.json` (none when it does not exist).
 
-    Records of an older format (without per-op and file predictions) are dropped: they are measured again.
+    Records of an older format (without file predictions or stall times) are dropped: they are measured again.
     """
     path = Path(out_dir) / RESULTS
-    return [r for r in json.loads(path.read_text()) if "predicted_rank_file_bytes" in r] if path.is_file() else []
+    return [r for r in json.loads(path.read_text()) if "stall_seconds" in r] if path.is_file() else []
 
 
 def missing(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], modes: list[str],
@@ -240,7 +252,13 @@ def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "peak RSS MiB": round(r["peak_memory_bytes"] / 2**20, 1),
              "extra peak MiB (pred / meas)": f"{r['predicted_extra_peak_bytes'] / 2**20:.2f} / "
                                              f"{r['measured_extra_peak_bytes'] / 2**20:.2f}",
-             "seconds": round(r["seconds"], 3)} for r in records]
+             "seconds": round(r["seconds"], 3),
+             "stall s / durable s": seconds_pair(r.get("stall_seconds"), r.get("durable_seconds"))} for r in records]
+
+
+def seconds_pair(stall: float | None, durable: float | None) -> str:
+    """'stall / durable' in seconds; '-' for a figure not measured (a route after training, an unsynced save)."""
+    return " / ".join("-" if v is None else f"{v:.3f}" for v in (stall, durable))
 
 
 def op_differences(r: dict[str, Any]) -> list[str]:

@@ -1,9 +1,10 @@
 """Real faults on demand, for the tests and notebook 06: `ZCKPT_FAULT=point:rank:step[:seconds]`.
 
 The worker reads the variable and, when rank `rank` reaches `point` of the save at step `step`, does
-something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`; after
-`seconds` if given), stalls like a write to a hung network filesystem (`stall`, for `seconds`), or fills
-the target filesystem the way a neighbour job's temporary file would (`fill`, removed again once the save is
+something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`, and
+`background`: between the two files of an asynchronous save's background write; after `seconds` if given), stalls
+like a write to a hung network filesystem (`stall`, for `seconds`), or fills the target filesystem the way a
+neighbour job's temporary file would (`fill`, removed again once the save is
 over). Nothing is mocked: the files, errors and dead processes are real.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-KILL_POINTS = ("shards", "before_commit", "latest")
+KILL_POINTS = ("shards", "before_commit", "latest", "background")
 POINTS = (*KILL_POINTS, "stall", "fill")
 FILL_LIMIT = 2**30  # refuse to fill a filesystem with more free space than this: only small test mounts
 

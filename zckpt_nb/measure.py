@@ -21,6 +21,7 @@ from typing import Any
 
 MODES = ("partitioned", "gathered16", "per_param", "offline", "hf")
 _device_peak_before_resets = 0  # GPU peak seen before a save reset the counter (for run.json's run-wide peak)
+_host_peak_before_resets = 0  # the same for the host's RSS high-water mark (VmHWM)
 OBJECT_COLLECTIVES = {"ops": 0, "bytes": 0}  # this process's torch object collectives (the commit protocol's)
 
 
@@ -76,31 +77,67 @@ def heap_in_use() -> int | None:
     return int(info.uordblks + info.hblkhd)  # small chunks in use + large chunks malloc mmap()ed
 
 
-class HostMemory:
-    """Peak RSS and peak live heap bytes of this process while a block runs, sampled in a background thread.
+def rss_high_water() -> int | None:
+    """The kernel's peak RSS of this process since start or the last `reset_rss_high_water` (VmHWM); None off Linux."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), None)
 
-    psutil (like /proc) offers a peak RSS only for the whole process life, not one that restarts at the save, so
-    we sample. Large tensors live for a while after they are allocated, so a 2 ms interval sees them.
+
+def reset_rss_high_water() -> bool:
+    """Restart VmHWM at the current RSS (Linux: write 5 to /proc/self/clear_refs); False where that is refused.
+
+    The peak before the reset is kept, so `host_peak_bytes` still reports the run-wide peak (getrusage's ru_maxrss
+    reads the same counter and is reset with it).
+    """
+    global _host_peak_before_resets
+    _host_peak_before_resets = max(_host_peak_before_resets, rss_high_water() or 0)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def host_peak_bytes() -> int:
+    """This process's peak RSS over its whole life, including before the saves' resets of VmHWM."""
+    import resource
+
+    return max(_host_peak_before_resets, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
+
+
+class HostMemory:
+    """Peak RSS and peak live heap bytes of this process while a block runs.
+
+    The RSS peak is the kernel's own high-water mark, reset when the block starts, so no allocation escapes it however
+    short. Live heap bytes have no such counter and are sampled in a background thread, at most every 50 ms:
+    `mallinfo2` locks every malloc arena while it counts, so sampling faster would slow the save it measures. Large
+    tensors live far longer than that; the last sample is taken when the block ends.
     """
 
-    def __init__(self, interval: float = 0.002) -> None:
+    def __init__(self, interval: float = 0.05) -> None:
         import psutil
 
         self._proc, self._interval, self._stop = psutil.Process(), interval, threading.Event()
         self.baseline_rss = self.peak_rss = 0
         self.baseline_heap = self.peak_heap = heap_in_use()
+        self._kernel_peak = False
 
     def _sample(self) -> None:
-        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
         heap = heap_in_use()
         if heap is not None:
             self.peak_heap = max(self.peak_heap or 0, heap)
+        if not self._kernel_peak:
+            self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self._sample()
 
     def __enter__(self) -> HostMemory:
+        self._kernel_peak = reset_rss_high_water()
         self.baseline_rss = self.peak_rss = self._proc.memory_info().rss
         self.baseline_heap = self.peak_heap = heap_in_use()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -111,6 +148,8 @@ class HostMemory:
         self._stop.set()
         self._thread.join()
         self._sample()
+        if self._kernel_peak:
+            self.peak_rss = max(self.peak_rss, rss_high_water() or 0)
 
     @property
     def heap_extra(self) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import median
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -257,4 +258,46 @@ def plot_bytes_by_kind(parts: dict[str, dict[str, int]], *, title: str, caption:
         bottom = [b + s for b, s in zip(bottom, sizes)]
     ax.set(title=title, xlabel="checkpoint layout", ylabel="bytes on disk (MiB)")
     ax.legend(fontsize=8)
+    return add_caption(fig, caption)
+
+
+def plot_stall(records: list[dict], *, title: str, caption: str) -> Figure:
+    """Per save mode and rank, the median over its saves: seconds training stopped, and seconds until durable."""
+    labels = list(dict.fromkeys(f"{r['mode']} r{r['rank']}" for r in records))
+
+    def med(label: str, key: str) -> float:
+        values = [r[key] for r in records if f"{r['mode']} r{r['rank']}" == label and r[key] is not None]
+        return median(values) if values else 0.0  # 0: never durable (DeepSpeed's plain save)
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    _paired_bars(ax, labels, [med(x, "stall_seconds") for x in labels], [med(x, "durable_seconds") for x in labels],
+                 ("training stopped", "until durable (0: never)"))
+    ax.set(title=title, xlabel="save mode and rank", ylabel="median over saves (s)")
+    return add_caption(fig, caption)
+
+
+def plot_save_timeline(runs: dict[str, dict], *, title: str, caption: str) -> Figure:
+    """Per save mode (one panel) and rank (one lane), the training loop on that rank's clock: step starts (ticks),
+    each save's stall (red) and, below it, the time until that save was durable (orange)."""
+    from matplotlib.patches import Patch
+
+    lanes = sum(len(run["ranks"]) for run in runs.values())
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.2 + 0.7 * lanes), sharex=True, squeeze=False)
+    for ax, (mode, run) in zip(axes[:, 0], runs.items()):
+        for y, rank in enumerate(run["ranks"]):
+            saves = rank["saves"]
+            ax.broken_barh([(0, rank["loop_seconds"])], (y - 0.25, 0.5), color="lightgray")
+            ax.vlines(rank["step_starts"], y - 0.25, y + 0.25, color="dimgray", lw=0.6)
+            ax.broken_barh([(s["started_at"], s["stall_seconds"]) for s in saves], (y - 0.25, 0.5), color="tab:red")
+            ax.broken_barh([(s["started_at"], s["durable_seconds"]) for s in saves if s["durable_seconds"]],
+                           (y - 0.42, 0.12), color="tab:orange")
+        ax.set_yticks(range(len(run["ranks"])), [f"rank {r['rank']}" for r in run["ranks"]])
+        ax.set_title(f"--save_mode {mode}", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("seconds since the training loop began on each rank (s)")
+    axes[0, 0].legend(handles=[Patch(color="lightgray", label="training (ticks: step starts)"),
+                               Patch(color="tab:red", label="stall: training stopped by the save"),
+                               Patch(color="tab:orange", label="save call until durable")],
+                      fontsize=7, loc="upper right", bbox_to_anchor=(1, 1.6), ncol=3)
+    fig.suptitle(title)
+    fig.tight_layout()
     return add_caption(fig, caption)

@@ -35,6 +35,7 @@ from zckpt_nb.verify import (
     MANIFEST,
     RANK_FILE,
     CheckpointError,
+    committed_tags,
     elsewhere,
     read_manifest,
     sha256_file,
@@ -171,6 +172,27 @@ def saved_world_size(ckpt_dir: str | Path) -> int | None:
         return None
 
 
+def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:
+    """The newest committed tag, verified before loading: each rank hashes its own files, all ranks agree.
+
+    Returns (tag, note) where note says what was skipped; raises CheckpointError on every rank otherwise.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tag, note, error = None, None, None
+    everywhere = set.intersection(*(set(t) for t in commit.gather(committed_tags(ckpt_dir))))  # node-local folders
+    try:
+        tag, note = tag_to_resume(ckpt_dir, everywhere)
+        verify_tag(ckpt_dir, tag, world_size=world, identity=identity, ranks=[rank])
+    except CheckpointError as e:
+        error = str(e)
+    errors = [e for e in commit.gather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0])
+    return tag, note
+
+
 def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float = 600,
                   convert: bool = True) -> tuple[str, str | None, Path, dict[str, Any] | None]:
     """Every rank: (tag, note, folder to load from, the universal manifest or None), the same on every rank.
@@ -186,7 +208,7 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
         return tag, note, Path(ckpt_dir), None
     world = dist.get_world_size()
     if commit.gather(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None)[0] in (None, world):
-        tag, note = commit.agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
+        tag, note = agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
         return tag, note, Path(ckpt_dir), None
     result: dict[str, Any] = {}
     if dist.get_rank() == 0:

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import random
-import resource
 import sys
 import time
 import warnings
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb import (
+    async_save,
     checkpoint,
     commit,
     consolidate,
@@ -76,8 +76,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--collective_timeout", type=float, default=None,
                         help="seconds a collective may wait for the other ranks "
                              "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
-    parser.add_argument("--save_mode", default="commit", choices=["commit", "plain", "rank0_only"],
-                        help="commit: the commit protocol; plain: DeepSpeed's save alone (benchmark baseline); "
+    parser.add_argument("--save_mode", default="commit", choices=["commit", "async", "plain", "rank0_only"],
+                        help="commit: the commit protocol; async: snapshot, write in the background, commit at a "
+                             "later step (zckpt_nb.async_save); plain: DeepSpeed's save alone (benchmark baseline); "
                              "rank0_only: the seed's hanging snippet (notebook 06)")
     parser.add_argument("--save_16bit", action="store_true",
                         help="after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
@@ -147,7 +148,7 @@ def peak_memory_bytes(device: str) -> int:
     """This rank's peak memory: allocated GPU memory on GPUs, the process's max RSS on CPU."""
     if device.startswith("cuda"):
         return measure.device_peak_bytes()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return measure.host_peak_bytes()
 
 
 def sum_over_ranks(value: float, device: str) -> float:
@@ -191,10 +192,13 @@ def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, identity: dict[str, Any]) -> Any:
-    """One save in the pattern --save_mode names; returns its `commit.SaveOutcome`."""
+def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, identity: dict[str, Any],
+         saver: async_save.AsyncSaver | None) -> Any:
+    """One save in the pattern --save_mode names; returns its `commit.SaveOutcome` (in flight for async)."""
     state = checkpoint.client_state(step, args.seed, args.global_batch, engine.dp_world_size, args.horizon)
     tag = f"global_step{step}"
+    if saver:
+        return saver.save(tag, state, step, checkpoint.folder_preparation(engine, tokenizer, args.output_dir, tag))
     if args.save_mode == "plain":
         return patterns.save_plain(engine, args.output_dir, tag, state)
     if args.save_mode == "rank0_only":
@@ -213,6 +217,80 @@ def report_failed_save(outcome: Any, args: argparse.Namespace) -> None:
           f"untouched; {then}", flush=True)
     if args.on_save_error == "abort":
         sys.exit(1)
+
+
+class SaveLog:
+    """This rank's saves for run.json: each record, with how long it stopped training and how long until durable.
+
+    `stall_seconds` runs from the save call to the start of the next step (or the end of the loop);
+    `durable_seconds` from the save call to the moment every rank knows the commit is on disk (None when the mode
+    never makes it durable, or the save failed). `started_at`, `step_starts` and `loop_seconds` (its end) are seconds
+    since the training loop began on this rank (the timeline of notebook 08).
+    """
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        self.args, self.rank = args, rank
+        self.saves: list[dict[str, Any]] = []
+        self.failed: list[dict[str, Any]] = []
+        self.rotation_errors: list[str] = []
+        self.save_seconds = 0.0
+        self.started: dict[str, float] = {}  # tag -> when its save was called
+        self.costs: dict[str, dict[str, Any]] = {}  # tag -> the save call's SaveCost, as a dict
+        self.loop_start = time.perf_counter()
+        self.step_starts: list[float] = []
+        self.loop_seconds = 0.0  # when the loop ended, on the same clock
+        self._stalled: tuple[dict[str, Any], float] | None = None  # the last save's record, until the next step
+
+    def stall_ends(self, step_starts: bool = True) -> None:
+        """The next step starts (`step_starts`), or training ends: the last save's stall is over."""
+        now = time.perf_counter() - self.loop_start
+        if step_starts:
+            self.step_starts.append(now)
+        else:
+            self.loop_seconds = now
+        if self._stalled:
+            record, start = self._stalled
+            record["stall_seconds"] = time.perf_counter() - start
+            self._stalled = None
+
+    def add(self, outcome: Any, start: float, durable: bool, cost: dict[str, Any]) -> None:
+        """A save called at `start` returned; `durable`: once committed it is on disk (not DeepSpeed's plain save).
+
+        An asynchronous save returns neither committed nor failed: `settle` follows when it is, and then completes
+        its `cost` (this rank's SaveCost of the call) with the files the background write put on disk.
+        """
+        record = outcome.record() | {"stall_seconds": None, "durable_seconds": None,
+                                     "started_at": start - self.loop_start}
+        self.saves.append(record)
+        self.save_seconds += outcome.seconds
+        self.started[outcome.tag] = start
+        self.costs[outcome.tag] = cost
+        self._stalled = (record, start)
+        if outcome.committed or outcome.error:  # not in flight, nor skipped (the seed's rank-0 guard)
+            self.settle(outcome, durable)
+
+    def settle(self, outcome: Any | None, durable: bool = True) -> None:
+        """A save's final outcome (None: nothing settled), on every rank: report a failure, or when it was durable."""
+        if outcome is None:
+            return
+        record = next(r for r in reversed(self.saves) if r["tag"] == outcome.tag)
+        record.update(committed=outcome.committed, error=outcome.error, timings=record["timings"] | outcome.timings,
+                      deleted=outcome.deleted, rotation_error=outcome.rotation_error)
+        if not outcome.committed:
+            self.failed.append({"tag": outcome.tag, "step": outcome.step, "error": outcome.error})
+            report_failed_save(outcome, self.args)
+            return
+        if "snapshot_bytes" in record:  # asynchronous: the files were written after the call was measured
+            files = checkpoint.rank_files(self.args.output_dir, outcome.tag, self.rank)
+            root = Path(self.args.output_dir)
+            self.costs[outcome.tag].update(files=[str(root / f["path"]) for f in files],
+                                           bytes_written=sum(f["bytes"] for f in files))
+        if durable:
+            record["durable_seconds"] = time.perf_counter() - self.started[outcome.tag]
+        if self.rank == 0:
+            print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
+        if outcome.rotation_error:
+            self.rotation_errors.append(rotation.report(outcome))
 
 
 class RunIncomplete(RuntimeError):
@@ -318,10 +396,14 @@ def train(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
-    steps, losses, lrs, save_seconds, saves, failed, save_costs, rotation_errors = [], [], [], 0.0, [], [], [], []
     share = data.rank_share(args.global_batch, world, rank)  # this rank's slice of every step's global batch
+    saver = async_save.AsyncSaver(engine, args.output_dir, identity, keep_last=args.keep_last, device=device) \
+        if args.save_mode == "async" else None
     engine.train()
+    steps, losses, lrs, log = [], [], [], SaveLog(args, rank)
     for step in range(start_step, args.steps):
+        log.stall_ends()  # the previous save stopped training until here
+        log.settle(saver.poll() if saver else None)  # an asynchronous save commits once every rank has written it
         batch = data.global_batch_for_step(tokens, step=step, seed=args.seed, global_batch=args.global_batch,
                                            seq_len=preset.seq_len)
         steps.append(step)
@@ -331,35 +413,29 @@ def train(argv: list[str] | None = None) -> None:
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
         done = step + 1
         if (args.save_every and done % args.save_every == 0) or (args.save_checkpoint and done == args.steps):
-            cost, outcome = measure.measure_partitioned(partial(save, args, engine, tokenizer, done, identity),
-                                                        args.output_dir, step=done, rank=rank, device=device)
-            save_costs.append(cost.to_dict())
-            save_seconds += outcome.seconds
-            saves.append(outcome.record())
-            if outcome.skipped:  # this rank never called the save (the seed's rank-0 guard): nothing to report
-                continue
-            if not outcome.committed:
-                failed.append({"tag": outcome.tag, "step": done, "error": outcome.error})
-                report_failed_save(outcome, args)
-            elif rank == 0:
-                print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
-            if outcome.rotation_error:
-                rotation_errors.append(rotation.report(outcome))
+            start = time.perf_counter()
+            log.settle(saver.finish() if saver else None)  # at most one save in flight: this wait is stall too
+            cost, outcome = measure.measure_partitioned(
+                partial(save, args, engine, tokenizer, done, identity, saver), args.output_dir, step=done, rank=rank,
+                device=device)
+            log.add(outcome, start, durable=args.save_mode in ("commit", "async"), cost=cost.to_dict())
+    log.stall_ends(step_starts=False)
+    log.settle(saver.finish() if saver else None)  # the last save commits before the run ends
 
     placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers
-    save_costs += consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
+    save_costs = list(log.costs.values()) + consolidate.run_routes(engine, args.output_dir, gathered16=args.save_16bit,
                                          per_param=args.save_gathered, rank=rank, device=device)
     if args.save_reference:
         fixed = data.global_batch_for_step(tokens, step=args.steps, seed=args.seed, global_batch=2,
                                            seq_len=preset.seq_len)
         consolidate.save_reference(engine, fixed.to(device), args.output_dir, rank)
 
-    tag = verify.latest_name(args.output_dir) if len(saves) > len(failed) else None
+    tag = verify.latest_name(args.output_dir) if len(log.saves) > len(log.failed) else None
     records = gather_rank_records({
         "rank": rank,
         "peak_memory_bytes": peak_memory_bytes(device),
-        "save_seconds": save_seconds,
-        "saves": saves,
+        "save_seconds": log.save_seconds,
+        "saves": log.saves, "step_starts": log.step_starts, "loop_seconds": log.loop_seconds,
         "files": checkpoint.rank_files(args.output_dir, tag, rank) if tag else [],
         "held": held, "state_dict": placeholders,
         "save_costs": save_costs,
@@ -374,7 +450,8 @@ def train(argv: list[str] | None = None) -> None:
             "resumed_from_step": start_step if args.resume else None, "latest_tag": tag,
             "global_batch": args.global_batch, "gradient_accumulation_steps": config["gradient_accumulation_steps"],
             "resharded": universal, "schedule": plan if args.resume else {"horizon": args.horizon},
-            "save_mode": args.save_mode, "failed_saves": failed, "rotation_errors": rotation_errors, "init": args.init,
+            "save_mode": args.save_mode, "failed_saves": log.failed, "rotation_errors": log.rotation_errors,
+            "init": args.init,
             "persistence_threshold": args.persistence_threshold, "ds_config": config,
             "steps": steps, "losses": losses, "lrs": lrs, "wall_seconds": time.perf_counter() - wall_start,
             "save_costs": costs, "ranks": records,
@@ -388,7 +465,7 @@ def train(argv: list[str] | None = None) -> None:
                 (Path(args.output_dir) / "run.json.tmp").unlink(missing_ok=True)
     dist.barrier()
     dist.destroy_process_group()
-    problem = ending_problem(saves, failed, run_json_error)
+    problem = ending_problem(log.saves, log.failed, run_json_error)
     if problem:
         raise RunIncomplete(f"rank {rank}: {problem}")
 

@@ -1,0 +1,72 @@
+"""`--save_mode async`: snapshot, background write, commit at a later step. Real 2-rank ZeRO-3 runs on CPU."""
+
+from pathlib import Path
+
+import pytest
+from test_commit import failed_launch, run, same_losses, small_disk, verify_cli
+
+from zckpt_nb import checkpoint, verify
+
+ASYNC = ["--save_mode", "async"]
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    """An uninterrupted tiny run saving asynchronously every 4 of 12 steps, keeping the last 2 checkpoints."""
+    return run(tmp_path_factory.mktemp("async"), extra=[*ASYNC, "--keep_last", "2"])
+
+
+def test_every_async_save_commits_and_records_its_stall_and_time_to_durable(async_run):
+    out = async_run.output_dir
+    assert verify.committed_tags(out) == ["global_step8", "global_step12"]  # rotation followed each commit
+    assert [s["deleted"] for s in async_run.ranks[0]["saves"]] == [[], [], ["global_step4"]]
+    assert verify.latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
+    assert async_run.data["save_mode"] == "async" and async_run.data["failed_saves"] == []
+    for rank in async_run.ranks:
+        for save in rank["saves"]:
+            assert save["committed"] and save["error"] is None
+            # training resumed after the snapshot; the commit came at a later step boundary (or the run's end)
+            assert 0 < save["stall_seconds"] < save["durable_seconds"]
+            assert save["snapshot_bytes"] >= save["estimated_bytes"] * 0.95
+            assert {"snapshot", "write", "fsync", "hash", "protocol"} <= set(save["timings"])
+    for cost in async_run.data["save_costs"]:  # the files the background write put on disk, not the call's
+        shards = [Path(f) for f in cost["files"] if "zero_pp_rank" in f]
+        assert len(shards) == 2
+        if shards[0].parent.name != "global_step4":  # rotated away since
+            assert cost["bytes_written"] >= sum(f.stat().st_size for f in shards)
+
+
+def test_deepspeeds_zero_to_fp32_reads_an_async_checkpoint(async_run, tmp_path):
+    import torch
+
+    converted = checkpoint.run_zero_to_fp32(async_run.output_dir, tmp_path / "fp32")
+    state = torch.load(converted / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    assert sum({t.data_ptr(): t.numel() for t in state.values()}.values()) == async_run.num_params
+
+
+def test_kill_9_during_the_background_write_keeps_the_previous_commit(async_run, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("ZCKPT_FAULT", "background:1:8")  # rank 1 dies between its two files of the step-8 save
+    text = failed_launch(out, extra=ASYNC)
+    assert "rank 1 injects 'background'" in text
+    monkeypatch.delenv("ZCKPT_FAULT")
+    assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+    assert "global_step8" not in verify.committed_tags(out)
+    resumed = run(out, resume=True, extra=ASYNC)  # DeepSpeed's load_checkpoint reads the async checkpoint
+    assert resumed.data["resumed_from_step"] == 4 and resumed.steps == list(range(4, 12))
+    assert same_losses(async_run, resumed) <= 1e-5
+    assert verify.latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
+
+
+def test_a_full_disk_during_the_background_write_fails_that_save_on_every_rank(tmp_path, monkeypatch):
+    with small_disk(tmp_path / "disk", "size=24m") as disk:
+        out = disk / "run"
+        monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk once the step-8 save has begun
+        result = run(out, extra=ASYNC)
+        assert result.steps == list(range(12)), "training went on after the failed save"
+        assert [f["step"] for f in result.data["failed_saves"]] == [8]
+        assert "ENOSPC" in result.data["failed_saves"][0]["error"]
+        assert not (out / "global_step8").exists(), "the failed save's partial files are removed"
+        assert verify.committed_tags(out) == ["global_step4", "global_step12"] and verify_cli(out).returncode == 0
+        printed = [line for line in result.log if "save global_step8 failed" in line]
+        assert len(printed) == 2 and all("training continues" in line for line in printed)  # one line per rank

@@ -1,0 +1,45 @@
+"""Stall and time to durable from run.json records, and the peak-memory counters they sit beside (no launches)."""
+
+import pytest
+import torch
+
+from zckpt_nb import measure, stall
+
+
+def save(tag, started_at, stall_s, durable_s, snapshot=0):
+    return {"tag": tag, "committed": True, "started_at": started_at, "stall_seconds": stall_s,
+            "durable_seconds": durable_s, "snapshot_bytes": snapshot}
+
+
+def test_steps_lose_the_stall_and_are_marked_while_a_save_is_written():
+    # steps start at 0, 1, 2.5, 3.5; a save at 1.9 stalls 0.5 s and is durable 1.2 s after its call (at 3.1)
+    rank = {"step_starts": [0.0, 1.0, 2.5, 3.5], "saves": [save("global_step2", 1.9, 0.5, 1.2)]}
+    assert stall.step_seconds(rank) == [(1.0, False), (1.0, True), (1.0, True)]
+
+
+def test_summary_and_sentences_follow_the_records():
+    records = [stall.save_record("plain", 0, save("a", 0, 0.1, None)),
+               stall.save_record("commit", 0, save("a", 0, 0.4, 0.4)),
+               stall.save_record("async", 0, save("a", 0, 0.05, 0.9, snapshot=3 * 2**20))]
+    rows = stall.summary(records)
+    assert [r["median durable s"] for r in rows] == [stall.NEVER, 0.4, 0.9]
+    sentence = stall.stall_sentence(rows)
+    assert "plain stops training 0.100 s per save and never makes it durable" in sentence
+    assert "Least stall: async" in sentence and "3.0 MiB snapshot" in sentence
+
+
+def test_overlap_sentence_says_slower_only_beyond_the_tolerance():
+    row = {"mode": "async", "median step s, no save being written": 1.0}
+    assert "slower by more than 10%" in stall.overlap_sentence([row | {"median step s, a save being written": 1.2}])
+    assert "no slowdown" in stall.overlap_sentence([row | {"median step s, a save being written": 1.05}])
+    assert "not measured" in stall.overlap_sentence([row | {"median step s, a save being written": stall.NONE}])
+
+
+def test_resetting_the_kernel_rss_peak_keeps_the_run_wide_peak():
+    big = torch.ones(25_000_000)  # 100 MB resident
+    before = measure.host_peak_bytes()
+    del big
+    if not measure.reset_rss_high_water():
+        pytest.skip("this kernel refuses /proc/self/clear_refs (HostMemory samples RSS instead)")
+    assert measure.rss_high_water() < before - 50 * 2**20  # the kernel's counter restarted ...
+    assert measure.host_peak_bytes() >= before  # ... and run.json's peak did not

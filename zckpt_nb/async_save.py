@@ -1,0 +1,170 @@
+"""Asynchronous saves (`--save_mode async`): training waits for a snapshot of each rank's files, not for the disk.
+
+Every rank runs the same calls, with the same collectives, at the same step boundaries:
+
+1. the save call (`AsyncSaver.save`): the commit protocol's preflight (`commit.agreed_preflight`: folder, tokenizer,
+   free space), then DeepSpeed's own `save_checkpoint` with `SnapshotWriter` as its checkpoint engine. DeepSpeed
+   builds its usual state dicts and hands each to the engine's `save`; the writer runs DeepSpeed's own `torch.save`
+   on it into memory. Those bytes are the snapshot: exactly the file DeepSpeed would write, which later optimizer
+   steps can no longer change. Training resumes as soon as both of this rank's files are in memory;
+2. a background thread writes the bytes to their files, fsyncs and hashes them (SHA-256), then frees them;
+3. at every later step boundary (`poll`), one all_reduce of "my writer is done": when it is done on every rank,
+   all ranks run the commit protocol's agreement and commit (`commit.agree_and_commit`: manifest, then `latest`).
+   The flag costs one 8-byte collective per step while a save is in flight; the ranks learn together, so they
+   enter the agreement at the same boundary.
+
+At most one save is in flight: the next save call, and the end of training, first wait for it and commit it
+(`finish`); that wait is the next save's stall. Until the commit, `latest` names the previous checkpoint, so a
+kill -9 during the background write leaves that one intact and resumable. A failure on any rank (a full disk in
+the background write) comes out of the agreement on every rank, as in the synchronous protocol.
+On GPUs `torch.save` copies each tensor to ordinary host memory, not pinned buffers: simpler, slower to copy.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb import commit, faults
+
+
+@dataclass
+class AsyncOutcome(commit.SaveOutcome):
+    """A `SaveOutcome` plus the snapshot's size: the host memory this rank held until its files were on disk."""
+
+    snapshot_bytes: int = 0
+
+
+class SnapshotWriter(commit.DeferredErrorWriter):
+    """DeepSpeed's checkpoint engine during an asynchronous save: serialises each file into memory, writes later."""
+
+    def __init__(self, inner: Any, rank: int, step: int) -> None:
+        super().__init__(inner, rank, step)
+        self.snapshots: list[tuple[Path, memoryview]] = []
+        self.snapshot_bytes = 0
+        self.write_seconds = 0.0
+        self.done = threading.Event()
+
+    def write(self, state_dict: Any, path: Path) -> None:
+        """DeepSpeed's own torch.save into memory: the file's bytes, fixed before training changes the tensors."""
+        buffer = io.BytesIO()
+        self.inner.save(state_dict, buffer)
+        self.snapshots.append((path, buffer.getbuffer()))
+        self.snapshot_bytes += buffer.getbuffer().nbytes
+
+    def write_all(self) -> None:
+        """The background thread: each snapshot to its file, hashed and fsynced; the first error is kept."""
+        start = time.perf_counter()
+        try:
+            for path, data in self.snapshots:
+                if self.error:  # an error while snapshotting: nothing of this save is written
+                    break
+                if self.written:  # "background": killed between this rank's model and optimizer files
+                    faults.maybe("background", self.rank, self.step)
+                self.write_file(path, data)
+        finally:
+            self.snapshots.clear()  # the memory goes back as soon as the files are on disk
+            self.write_seconds = time.perf_counter() - start
+            self.done.set()
+
+    def write_file(self, path: Path, data: memoryview) -> None:
+        """One file, hashed and fsynced; an error is kept for the agreement and the partial file removed."""
+        try:
+            super().write(data, path)  # DeferredErrorWriter.write: hashing file, fsync; `inner` writes the bytes
+        except Exception as e:
+            self.fail(e, path)
+            path.unlink(missing_ok=True)
+
+
+class BytesEngine:
+    """The `inner` engine of the background write: the snapshot already holds the file's bytes."""
+
+    @staticmethod
+    def save(data: memoryview, out: Any) -> None:
+        out.write(data)
+
+
+@dataclass
+class InFlight:
+    """The save being written in the background: what its commit needs."""
+
+    tag: str
+    step: int
+    start: float
+    need: int
+    writer: SnapshotWriter
+    thread: threading.Thread
+
+
+def every_rank(flag: bool, device: str) -> bool:
+    """True when `flag` is true on every rank (one all_reduce MIN of one integer)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+class AsyncSaver:
+    """This rank's asynchronous saves, at most one in flight; every rank calls each method at the same boundary."""
+
+    def __init__(self, engine: Any, output_dir: str | Path, identity: dict[str, Any], *, keep_last: int,
+                 device: str) -> None:
+        self.engine, self.save_dir, self.identity = engine, Path(output_dir), identity
+        self.keep_last, self.device = keep_last, device
+        self.flight: InFlight | None = None
+
+    def save(self, tag: str, state: dict[str, Any], step: int, prepare: Any) -> AsyncOutcome:
+        """Snapshot and start writing `tag`; returns at once, in flight (neither committed nor failed) unless the
+        preflight failed. Call `finish` first: at most one save is in flight."""
+        import torch.distributed as dist
+
+        start, rank = time.perf_counter(), dist.get_rank()
+        error, need = commit.agreed_preflight(self.engine, self.save_dir, state, rank, prepare)
+        if error:
+            return AsyncOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
+        faults.maybe("fill", rank, step, self.save_dir)
+        writer = SnapshotWriter(self.engine.checkpoint_engine, rank, step)
+        commit.run_save(self.engine, writer, self.save_dir, tag, state, start)
+        snapshot_seconds = time.perf_counter() - start
+        writer.inner = BytesEngine()  # from here on, `inner` writes the snapshot's bytes
+        thread = threading.Thread(target=writer.write_all, name=f"zckpt-write-{tag}", daemon=True)
+        thread.start()
+        self.flight = InFlight(tag, step, start, need, writer, thread)
+        return AsyncOutcome(tag, step, False, None, snapshot_seconds, {"snapshot": snapshot_seconds},
+                            estimated_bytes=need, snapshot_bytes=writer.snapshot_bytes)
+
+    def poll(self) -> AsyncOutcome | None:
+        """At a step boundary: the outcome of the save in flight once every rank's writer is done, else None."""
+        if self.flight is None or not every_rank(self.flight.writer.done.is_set(), self.device):
+            return None
+        return self.commit()
+
+    def finish(self) -> AsyncOutcome | None:
+        """Wait for the save in flight (if any) and commit it; its outcome."""
+        return None if self.flight is None else self.commit()
+
+    def commit(self) -> AsyncOutcome:
+        """Every rank, once its writer is done: the agreement and commit (`commit.agree_and_commit`), then rotation."""
+        flight, self.flight = self.flight, None
+        flight.thread.join()
+        writer, rank = flight.writer, flight.writer.rank
+        faults.maybe("before_commit", rank, flight.step)
+        commit_start = time.perf_counter()
+        node_local = bool(self.engine.use_node_local_storage())
+        error = commit.agree_and_commit(self.save_dir, flight.tag, flight.step, writer, self.identity, node_local)
+        end = time.perf_counter()
+        timings = {"write": writer.write_seconds - writer.fsync_seconds - writer.hash_seconds,
+                   "fsync": writer.fsync_seconds, "hash": writer.hash_seconds, "protocol": end - commit_start}
+        outcome = AsyncOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
+                               estimated_bytes=flight.need, snapshot_bytes=writer.snapshot_bytes)
+        if outcome.committed and self.keep_last:
+            from zckpt_nb import rotation
+
+            rotation.after_commit(self.save_dir, self.keep_last, outcome, node_local)
+        return outcome
