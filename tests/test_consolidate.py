@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -47,7 +48,12 @@ def hf(routes_run, tmp_path_factory):
 # --- fast checks of the measuring and comparing pieces (no distributed job) ---
 
 def test_peak_rss_sees_a_large_allocation_during_the_block():
-    cost = measure.measure("probe", lambda: torch.ones(50_000_000).sum(), written=list)
+    def hold() -> None:  # 200 MB for 0.3 s: several of the heap sampler's 50 ms periods, even on a loaded machine
+        big = torch.ones(50_000_000)
+        time.sleep(0.3)
+        big.sum()
+
+    cost = measure.measure("probe", hold, written=list)
     assert cost.extra_peak_bytes >= 150 * 2**20 and cost.peak_memory_bytes >= cost.extra_peak_bytes
     assert cost.heap_extra_peak_bytes >= 190 * 2**20  # the 200 MB tensor, seen by malloc's own count
     assert cost.comm_bytes == 0 and cost.bytes_written == 0  # no process group: nothing could be communicated

@@ -37,11 +37,15 @@ def lr_curve(model: str, horizon: int, steps: range) -> list[float]:
 
 
 def saved_horizon(load_dir: str | Path, tag: str) -> int | None:
-    """The schedule horizon in a checkpoint's client state (rank 0's file, read weights-only); None if absent."""
+    """The schedule horizon in a checkpoint's client state (read weights-only); None if absent.
+
+    Every rank's model-states file holds the same horizon; read whichever is here (with node-local storage a node
+    holds only its own ranks' files).
+    """
     from zckpt_nb.checkpoint import CLIENT_KEY
     from zckpt_nb.safeload import load
 
-    states = load(Path(load_dir) / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", mmap=True)
+    states = load(min((Path(load_dir) / tag).glob("zero_pp_rank_*_mp_rank_00_model_states.pt")), mmap=True)
     return states.get(CLIENT_KEY, {}).get("steps")
 
 
