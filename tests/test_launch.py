@@ -98,6 +98,36 @@ def test_interrupting_the_caller_leaves_no_orphan_rank(tmp_path):
     assert Path(out, "launch.log").is_file() and os.path.getsize(Path(out, "launch.log")) > 0
 
 
+def test_restarting_the_notebook_kernel_during_a_launch_leaves_no_rank(tmp_path):
+    from jupyter_client import KernelManager
+
+    out = tmp_path / "kernel"
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        client.execute("from zckpt_nb.launch import launch\n"
+                       f"launch(2, 1_000_000, {str(out)!r}, timeout=300, progress=False)")
+        deadline = time.monotonic() + 120  # until torchrun and both ranks run
+        while len(procs_mentioning(str(out))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(procs_mentioning(str(out))) >= 3, "the launch never started"
+        time.sleep(5)  # the ranks are training
+        manager.restart_kernel(now=True)  # Jupyter's "Restart kernel": SIGKILL of the kernel process
+        deadline = time.monotonic() + 10
+        while procs_mentioning(str(out)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = [" ".join(p.cmdline()) for p in procs_mentioning(str(out))]
+    finally:
+        for p in procs_mentioning(str(out)):
+            p.kill()
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert left == [], "processes of the job outlived the kernel by 10 s"
+
+
 def kill_torchrun(cli: subprocess.Popen) -> None:
     """SIGKILL the torchrun below the CLI (as an OOM killer would pick it)."""
     [torchrun] = [p for p in psutil.Process(cli.pid).children() if "torch.distributed.run" in " ".join(p.cmdline())]

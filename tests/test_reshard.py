@@ -114,3 +114,31 @@ def test_reshard_inspect_and_verify_from_the_shell(source, tmp_path):
     assert cli("verify", dst / reshard.UNIVERSAL, "--tag", TAG).returncode == 0
     missing = cli("reshard", tmp_path / "nothing")
     assert missing.returncode == 1 and "no committed checkpoint" in missing.stderr
+
+
+class Payload:
+    """Pickles as a call to os.system: unpickling it with weights_only=False creates `marker`."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_malicious_pickle_in_a_forged_universal_copy_never_runs(source, tmp_path):
+    import torch
+
+    dst = shutil.copytree(source, tmp_path / "ckpt")
+    manifest, _ = reshard.ensure_universal(dst, TAG)
+    folder, marker = dst / reshard.UNIVERSAL / TAG, tmp_path / "PAYLOAD_RAN"
+    entry = next(e for e in manifest["files"] if e["path"].endswith("fp32.pt"))
+    path = folder / entry["path"]
+    torch.save({"weights": torch.load(path), "extra": Payload(marker)}, path)
+    entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
+    (folder / verify.MANIFEST).write_text(json.dumps(manifest))  # forged: every size and hash matches again
+    with pytest.raises(verify.CheckpointError, match="outside the allowlist") as refused:
+        reshard.ensure_universal(dst, TAG)  # what a resume on another world size calls first
+    assert entry["path"] in str(refused.value) and not marker.exists(), "the payload ran"
