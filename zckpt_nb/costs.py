@@ -27,7 +27,6 @@ For P parameters in tensors p_1..p_k, N ranks and Adam:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -228,8 +227,3 @@ def format_prediction(pred: Prediction) -> str:
         f"{gath['rank0_extra_peak_bytes']:,} bytes, writes {gath['written_bytes']:,} bytes",
         f"  per-parameter gather: all-gather {pred.per_param['allgather_bytes_per_rank']:,} bytes logged per rank",
     ])
-
-
-def prediction_json(pred: Prediction) -> str:
-    """The prediction as JSON (`partitioned.per_rank_bytes` is a list of N integers)."""
-    return json.dumps(pred.to_dict(), indent=1)

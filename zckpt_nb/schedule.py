@@ -31,11 +31,6 @@ def lr_at(model: str, step: int, horizon: int) -> float:
         logger.setLevel(level)
 
 
-def lr_curve(model: str, horizon: int, steps: range) -> list[float]:
-    """The LR at each of `steps` under the schedule of `horizon` steps (notebook 02's curves)."""
-    return [lr_at(model, step, horizon) for step in steps]
-
-
 def saved_horizon(load_dir: str | Path, tag: str) -> int | None:
     """The schedule horizon in a checkpoint's client state (read weights-only); None if absent.
 
