@@ -365,8 +365,9 @@ def train(argv: list[str] | None = None) -> None:
             nodes.drop_partial(args.output_dir, resume_tag)
         plan = schedule.resume_schedule(args.model, args.steps, verify.step_of(resume_tag),
                                         schedule.saved_horizon(load_dir, resume_tag), args.new_schedule)
-        if schedule.describe(plan, args.steps) and rank == 0:
-            print(schedule.describe(plan, args.steps), flush=True)
+        said = schedule.describe(plan, args.steps)
+        if said and rank == 0:
+            print(said, flush=True)
     args.horizon = plan["horizon"] if args.resume else args.steps  # the LR schedule's total_num_steps
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and device.startswith("cuda"))
 
