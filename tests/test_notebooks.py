@@ -5,12 +5,13 @@ A verdict printed by a notebook must be the one its own data gives: the tests re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from zckpt_nb import claims, compare, planning, stall
+from zckpt_nb import claims, compare, offline, planning, stall
 from zckpt_nb.launch import RunResult
 from zckpt_nb.notebooks import execute, notebook_paths
 
@@ -20,7 +21,7 @@ BY_PREFIX = {p.name[:2]: p for p in NOTEBOOKS}
 MATRIX = [
     ("01", {"WORLD_SIZES": [1], "PERSISTENCE_THRESHOLD": 100_000, "OTHER_THRESHOLD": 0}),
     ("02", {"NPROC": 3, "STEPS": 40, "SAVE_EVERY": 20, "RESUME_STEP": 20}),
-    ("03", {"NPROC": 3, "MODEL": "tiny", "PERSISTENCE_THRESHOLD": 100_000}),
+    ("03", {"NPROC": 3, "MODEL": "tiny", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
     ("04", {"NPROC": 1, "STEPS": 60}),
     ("05", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
     ("06", {"NPROC": 1}),
@@ -64,6 +65,13 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
     if prefix == "01":
         rows = [claims.partition_row(RunResult.from_dir(d, [], 0.0)) for d in sorted(runs.glob("n*"))]
         assert claims.scaling_sentence(rows) in text
+    if prefix == "03":
+        measured = json.loads((runs / "offline_routes" / "routes.json").read_text())
+        p = RunResult.from_dir(runs / "run", [], 0.0).num_params
+        rows = offline.summary(measured["records"], measured["baseline"], p * 4)
+        sizes = {**parameter_defaults(BY_PREFIX["03"]), **parameters}["SHARD_SIZES"]
+        assert all(offline.verdict(rows, size) in text for size in sizes)
+        assert [r["--max_shard_size"] for r in rows] == [s for s in sizes for _ in offline.ROUTES]
     if prefix == "05":
         sizes, threshold = parameters.get("WORLD_SIZES", [1, 2]), parameters.get("PERSISTENCE_THRESHOLD", 0)
         modes = parameters.get("MODES", list(compare.MODES))

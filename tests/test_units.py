@@ -12,7 +12,8 @@ from zckpt_nb.model import PRESETS, accumulation_steps, ds_config, get_preset, l
 
 def test_presets_count_parameters_without_building_weights():
     sizes = {name: param_count(name) for name in PRESETS}
-    assert sizes["tiny"] < 1_000_000 < sizes["small"] < sizes["medium"] < sizes["large"]
+    assert sizes["tiny"] < 1_000_000 < sizes["small"] < sizes["medium"] < sizes["large"] < sizes["xl"]
+    assert sizes["xl"] * 4 >= 2**30, "issue 12 needs one preset of at least 1 GiB of fp32 weights"
     assert sizes["medium"] >= 50_000_000, "issue 3/5 need one preset of at least 50M parameters"
 
 

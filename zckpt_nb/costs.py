@@ -21,8 +21,9 @@ For P parameters in tensors p_1..p_k, N ranks and Adam:
     tensor is gathered (and broadcast) once per module that owns it (GPT-2's wte and lm_head: twice).
   * Route 2, per-parameter gather, walks `named_parameters()` (each distinct tensor once), no broadcast.
   Rank 0 keeps a full copy in the parameter dtype: P x dtype bytes extra, and writes them.
-- Offline conversion and HF export run in one process: no communication; they read every shard (memory-mapped),
-  build the fp32 state dict (P x 4 bytes extra) and write it.
+- Offline conversion and HF export run in one process: no communication; they read every shard (memory-mapped).
+  The conversion builds the fp32 state dict (P x 4 bytes extra) and writes it; the export builds no tensor at all
+  (it writes each one from the mapped rank files, `zckpt_nb.streaming`).
 """
 
 from __future__ import annotations
@@ -178,9 +179,8 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
                              "the largest tensor, gathered": largest_tensor},
                             {"two buffers of the largest tensor, gathered": 2 * largest_tensor})},
         offline={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **offline_memory},
-        # the export materialises one output shard at a time: the whole fp32 model below max_shard_size (5 GB)
-        hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}),
-            **memory({"one output shard (the fp32 model, below the default 5 GB max_shard_size)": FP32 * p}, {})},
+        # the export streams every tensor from the mapped rank files: no tensor is built in memory
+        hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **memory({}, {})},
     )
 
 

@@ -5,9 +5,9 @@ The folder holds `config.json`, `generation_config.json`, the weights as safeten
 `pipeline("text-generation", model=dir)` load it in a process that never imports DeepSpeed.
 
 Tied weights: GPT-2's `lm_head.weight` *is* `transformer.wte.weight`. safetensors refuses two names for one storage,
-which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. The export builds the
-model on the `meta` device to learn its tied keys and stores the matrix once, as transformers' `save_pretrained` does,
-writing one output shard at a time (`zckpt_nb.streaming`).
+which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. DeepSpeed's lazy
+conversion lists the tied name as the same object; the export stores the matrix once, as transformers'
+`save_pretrained` does, streaming each tensor from the rank files (`zckpt_nb.streaming`).
 
 This module imports neither DeepSpeed nor torch at import time, so `generate` and `reload_check` stay DeepSpeed-free.
 """
@@ -171,14 +171,15 @@ def share_permissions(folder: Path) -> None:
 
 
 def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str) -> None:
-    """Write the weights (one safetensors shard in memory at a time, tied weights once), tokenizer and model card."""
+    """Write the weights (streamed from the rank files, tied weights once), tokenizer and model card."""
     from zckpt_nb.model_card import run_facts, write_card
     from zckpt_nb.streaming import write_weights
 
-    model = write_weights(ckpt_dir, tag, model_config(ckpt_dir), dest, max_shard_size)
-    tokenizer = write_tokenizer(ckpt_dir, dest, model.config.max_position_embeddings)  # GPT-2's n_positions
+    config = model_config(ckpt_dir)
+    tensors = write_weights(ckpt_dir, tag, config, dest, max_shard_size)
+    tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings)  # GPT-2's n_positions
     world_size = saved_world_size(ckpt_dir, tag)
-    write_card(dest, run_facts(ckpt_dir, tag, model, tokenizer, world_size), name)
+    write_card(dest, run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size), name)
     share_permissions(dest)
 
 

@@ -41,6 +41,9 @@ PRESETS: dict[str, Preset] = {
     "medium": Preset(8192, 256, 768, 7, 12, micro_batch=4, seq_len=128, lr=3e-4, global_batch=8),
     # ~160M parameters: GPU only in practice.
     "large": Preset(8192, 512, 1024, 12, 16, micro_batch=8, seq_len=256, lr=3e-4, global_batch=16),
+    # ~296M parameters, 1.18 GB of fp32 weights: the ">= 1 GB" model for consolidation memory (docs/
+    # consolidation_costs.md). Its optimizer shards (3.5 GB) are written by a one-step 2-rank CPU run.
+    "xl": Preset(8192, 256, 1536, 10, 16, micro_batch=2, seq_len=128, lr=1e-4, global_batch=4),
 }
 
 

@@ -27,7 +27,8 @@ def loss_at(run: dict[str, Any], step: int) -> float | None:
     return losses.get(step - 1)  # run.json counts steps from 0; the tag counts the steps done
 
 
-def run_facts(ckpt_dir: Path, tag: str, model: Any, tokenizer: Any, world_size: int) -> dict[str, Any]:
+def run_facts(ckpt_dir: Path, tag: str, config: Any, tensors: dict[str, Any], tokenizer: Any,
+              world_size: int) -> dict[str, Any]:
     """What the card states, each looked up in the checkpoint, its manifest, `run.json` or the exported objects."""
     import transformers
 
@@ -39,13 +40,14 @@ def run_facts(ckpt_dir: Path, tag: str, model: Any, tokenizer: Any, world_size: 
     step = manifest.get("step", step_of(tag))
     return {
         "preset": manifest.get("identity", {}).get("model", run.get("model")),
-        "parameters": sum(p.numel() for p in model.parameters()),  # the tied head counted once
+        "parameters": sum(t.shape.numel() for t in tensors.values()),  # as written: the tied head once
         "steps": step, "loss": loss_at(run, step), "world_size": world_size, "tag": tag,
         "manifest_sha256": sha256_file(manifest_path) if manifest else None,
-        "vocab_size": model.config.vocab_size, "tokenizer_entries": len(tokenizer),
-        "unused_ids_decode_to": tokenizer.decode(list(range(len(tokenizer), model.config.vocab_size))),
-        "context": model.config.max_position_embeddings, "seed": run.get("seed"),
-        "dtype": str(model.dtype).removeprefix("torch."), "transformers": transformers.__version__,
+        "vocab_size": config.vocab_size, "tokenizer_entries": len(tokenizer),
+        "unused_ids_decode_to": tokenizer.decode(list(range(len(tokenizer), config.vocab_size))),
+        "context": config.max_position_embeddings, "seed": run.get("seed"),
+        "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch."),
+        "transformers": transformers.__version__,
     }
 
 

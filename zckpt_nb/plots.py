@@ -105,14 +105,18 @@ def plot_save_outcomes(steps: Sequence[int], losses: Sequence[float], saves: Seq
 
 
 def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Figure:
-    """Seconds of each save split into its phases (DeepSpeed's write, fsync, SHA-256, agreement and commit)."""
+    """Seconds of each save split into its phases (DeepSpeed's write, fsync, agreement and commit), stacked; beside
+    them, the SHA-256 time, which ran on the writer's thread during the write."""
     fig, ax = plt.subplots(figsize=(7, 3.4))
-    tags = [s["tag"] for s in saves]
-    bottom = [0.0] * len(tags)
-    for phase in ("write", "fsync", "hash", "protocol"):
+    xs = list(range(len(saves)))
+    bottom = [0.0] * len(saves)
+    for phase in ("write", "fsync", "protocol"):
         ms = [s["timings"].get(phase, 0.0) * 1000 for s in saves]
-        ax.bar(tags, ms, bottom=bottom, label=phase)
+        ax.bar([x - 0.15 for x in xs], ms, width=0.5, bottom=bottom, label=phase)
         bottom = [b + m for b, m in zip(bottom, ms)]
+    ax.bar([x + 0.3 for x in xs], [s["timings"].get("hash", 0.0) * 1000 for s in saves], width=0.2, color="grey",
+           hatch="//", label="SHA-256 (beside the write)")
+    ax.set_xticks(xs, [s["tag"] for s in saves])
     ax.set(title=title, xlabel="checkpoint tag", ylabel="time on rank 0 (ms)")
     ax.legend()
     return add_caption(fig, caption)
@@ -300,4 +304,22 @@ def plot_save_timeline(runs: dict[str, dict], *, title: str, caption: str) -> Fi
                       fontsize=7, loc="upper right", bbox_to_anchor=(1, 1.6), ncol=3)
     fig.suptitle(title)
     fig.tight_layout()
+    return add_caption(fig, caption)
+
+
+def plot_rss_traces(records: Sequence[dict], baseline_bytes: float, model_bytes: int, *, title: str,
+                    caption: str) -> Figure:
+    """Resident memory above the interpreter's baseline over time, one line per offline route and shard size."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    styles = {}
+    for r in records:
+        t = r["trace"]
+        style = styles.setdefault(r["shard_size"], ["-", "--", ":", "-."][len(styles) % 4])
+        color = "tab:blue" if r["route"] == "export" else "tab:red"
+        rss = [(a + f - baseline_bytes) / 2**20 for a, f in zip(t["anon"], t["file"])]
+        ax.plot(t["seconds"], rss, ls=style, color=color, label=f"{r['route']}, --max_shard_size {r['shard_size']}")
+    ax.axhline(model_bytes / 2**20, color="grey", ls=":", label="the model in fp32 (P x 4 B)")
+    ax.set(title=title, xlabel="seconds since the process started (s)",
+           ylabel="RSS above the baseline (MiB)")
+    ax.legend(fontsize=8)
     return add_caption(fig, caption)

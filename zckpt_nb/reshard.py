@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import commit
+from zckpt_nb import commit, measure
 from zckpt_nb.verify import (
     FORMAT,
     MANIFEST,
@@ -257,7 +256,8 @@ def main(argv: list[str]) -> None:
     sys.argv = ["ds_to_universal", "--input_folder", src, "--output_folder", dst,
                 "--num_extract_workers", "1", "--num_merge_workers", "1"]  # in-process: one peak RSS to report
     ds_to_universal.main(ds_to_universal.parse_arguments())
-    print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    # VmHWM, not ru_maxrss: Linux carries into ru_maxrss the RSS of the parent's forked copy before exec
+    print(json.dumps({"peak_rss_bytes": measure.rss_high_water()}))
 
 
 if __name__ == "__main__":
