@@ -6,7 +6,10 @@ In one run, on the filesystem of --output_dir:
 2. two durable write limits with the same shape as a checkpoint: N processes at once, each writing one file of its
    rank's checkpoint bytes, with O_DIRECT + fsync (no page cache) and buffered + fsync;
 3. each mode's durable MB/s (checkpoint bytes over the median time to durable) and its ratios to those limits and
-   to the commit protocol's stall.
+   to the commit protocol's stall;
+4. anchors from PyTorch: `torch.distributed.checkpoint.save` (fsynced) and `async_save` on N ranks, each rank
+   saving tensors of its checkpoint bytes (fp32 weights and two Adam moments, under keys of its own so nothing is
+   deduplicated), `--dcp_repeats` times each: the seconds the call blocks and the seconds until it is durable.
 
     PYTHONPATH=. python benchmarks/save_throughput.py --model small --nproc 2 --output_dir build/bench_stall
 """
@@ -18,7 +21,10 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -62,6 +68,57 @@ def disk_limit(root: Path, sizes: list[int], direct: bool) -> float | None:
     return sum(sizes) / max(seconds) / 1e6
 
 
+def dcp_worker(sizes: list[int], root: Path, repeats: int) -> None:
+    """One rank of the DCP anchor (run under torchrun): `dcp.save` and `dcp.async_save` of this rank's bytes."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    n = sizes[rank] // 12  # fp32 weights + two Adam moments, 4 bytes each
+    state = {f"rank{rank}.{k}": torch.randn(n) for k in ("fp32", "exp_avg", "exp_avg_sq")}
+    figures = []
+    for i in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dcp.save(state, checkpoint_id=str(root / f"save{i}"))
+        saved = time.perf_counter() - start
+        dist.barrier()
+        start = time.perf_counter()
+        future = dcp.async_save(state, checkpoint_id=str(root / f"async{i}"))
+        returned = time.perf_counter() - start
+        future.result()
+        figures.append({"save_s": saved, "async_stall_s": returned, "async_durable_s": time.perf_counter() - start})
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, figures)
+    if rank == 0:
+        print("DCP " + json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def dcp_anchor(sizes: list[int], root: Path, repeats: int, timeout: float = 900) -> dict[str, float]:
+    """Median over repeats of the slowest rank's `dcp.save` seconds and `async_save` stall and durable seconds."""
+    root.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={len(sizes)}",
+               __file__, "--dcp_worker", json.dumps(sizes), str(root), str(repeats)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # every rank, not just torchrun
+        raise
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    line = next((x for x in out.splitlines() if x.startswith("DCP ")), None)
+    if proc.returncode or line is None:
+        raise RuntimeError(f"the DCP anchor failed ({proc.returncode}): {out[-2000:]}")
+    per_rank = json.loads(line[4:])
+    return {key: statistics.median(max(rank[i][key] for rank in per_rank) for i in range(repeats))
+            for key in ("save_s", "async_stall_s", "async_durable_s")}
+
+
 def rank_bytes(run_dir: Path) -> list[int]:
     """Each rank's bytes of one checkpoint (its two shard files), from run.json."""
     run = RunResult.from_dir(run_dir, [], 0.0)
@@ -77,14 +134,16 @@ def slowest(records: list[dict[str, Any]], mode: str, key: str) -> list[float]:
     return [max(v) for v in by_tag.values()]
 
 
-def measure(model: str, nproc: int, out: Path, steps: int, save_every: int) -> dict[str, Any]:
-    """The three save modes, then the two write limits on the same filesystem; every figure and ratio."""
+def measure(model: str, nproc: int, out: Path, steps: int, save_every: int, dcp_repeats: int) -> dict[str, Any]:
+    """The save modes, then the two write limits and the DCP anchors on the same filesystem; every figure and
+    ratio."""
     records = stall.measure_modes(model, nproc, list(stall.SAVE_MODES), out, steps=steps, save_every=save_every)
     sizes = rank_bytes(out / "stall_commit")
     limits = {"o_direct_fsync": disk_limit(out / "limit_direct", sizes, True),
               "buffered_fsync": disk_limit(out / "limit_buffered", sizes, False)}
     result: dict[str, Any] = {"model": model, "nproc": nproc, "checkpoint_bytes": sum(sizes),
-                              "limits_mb_s": limits, "modes": {}}
+                              "limits_mb_s": limits, "modes": {},
+                              "dcp": dcp_anchor(sizes, out / "dcp", dcp_repeats) if dcp_repeats else None}
     for mode in stall.SAVE_MODES:
         durable = slowest(records, mode, "durable_seconds")
         row = {"stall_s": statistics.median(slowest(records, mode, "stall_seconds")),
@@ -115,6 +174,15 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"| {mode} | {m['stall_s']:.3f} | {m['stall_vs_commit']:.2f} | {fmt(m['durable_s'], '.3f')} | "
                      f"{fmt(m['durable_mb_s'], '.0f')} | {fmt(m['durable_vs_o_direct_fsync'], '.2f')} | "
                      f"{fmt(m['durable_vs_buffered_fsync'], '.2f')} | {m['snapshot_mib']:.1f} |")
+    if r["dcp"]:
+        d, size = r["dcp"], r["checkpoint_bytes"]
+        for name, stall_s, durable_s in (("dcp.save", d["save_s"], d["save_s"]),
+                                         ("dcp.async_save", d["async_stall_s"], d["async_durable_s"])):
+            mb_s = size / durable_s / 1e6
+            direct = mb_s / limits["o_direct_fsync"] if limits["o_direct_fsync"] else None
+            lines.append(f"| {name} (anchor) | {stall_s:.3f} | {stall_s / r['modes']['commit']['stall_s']:.2f} | "
+                         f"{durable_s:.3f} | {mb_s:.0f} | {fmt(direct, '.2f')} | "
+                         f"{mb_s / limits['buffered_fsync']:.2f} | - |")
     return "\n".join(lines)
 
 
@@ -126,8 +194,13 @@ def main() -> None:
     parser.add_argument("--save_every", type=int, default=4)
     parser.add_argument("--output_dir", default="build/bench_stall", help="the filesystem measured")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--dcp_repeats", type=int, default=3, help="saves per DCP anchor (0: skip the anchors)")
+    parser.add_argument("--dcp_worker", nargs=3, help=argparse.SUPPRESS)  # one rank of the anchor, under torchrun
     args = parser.parse_args()
-    result = measure(args.model, args.nproc, Path(args.output_dir).resolve(), args.steps, args.save_every)
+    if args.dcp_worker:
+        return dcp_worker(json.loads(args.dcp_worker[0]), Path(args.dcp_worker[1]), int(args.dcp_worker[2]))
+    result = measure(args.model, args.nproc, Path(args.output_dir).resolve(), args.steps, args.save_every,
+                     args.dcp_repeats)
     print(markdown(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -3,10 +3,10 @@
     python benchmarks/streaming_export.py --models medium large xl --nproc 2 --shard_sizes 5GB 100MB
 
 For each preset: a one-step run on `--nproc` CPU ranks writes a checkpoint; then, in one run and on the same files,
-each route runs as its own process at each shard size, in alternating order, `--repeats` times. Each run's wall time
-and peak RSS (the kernel's high-water mark, VmHWM) are recorded, and the RSS is sampled every 20 ms from outside. Prints the
-medians, the ratios against `zero_to_fp32.py`, and issue 12's memory goal: peak RSS <= the interpreter's baseline (a
-process that only imports what both routes import) + 1.25 x the largest output shard.
+each route runs as its own process at each shard size, in alternating order, `--repeats` times. Each run's wall
+time and peak RSS (the kernel's high-water mark, VmHWM) are recorded, and the RSS is sampled every 20 ms from
+outside. Prints the medians, the ratios against `zero_to_fp32.py`, and issue 12's memory goal: peak RSS <= the
+interpreter's baseline (a process that only imports what the export imports) + 1.25 x the largest output shard.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import commit, faults
+from zckpt_nb import commit, faults, writers
 
 
 @dataclass
@@ -50,9 +50,11 @@ class SnapshotWriter(commit.DeferredErrorWriter):
         self.done = threading.Event()
 
     def write(self, state_dict: Any, path: Path) -> None:
-        """DeepSpeed's own torch.save into memory: the file's bytes, fixed before training changes the tensors."""
+        """DeepSpeed's own torch.save into memory: the file's bytes, fixed before training changes the tensors.
+        Without torch's CRC-32, as in commit mode (`writers`): the background write hashes every byte."""
         buffer = io.BytesIO()
-        self.inner.save(state_dict, buffer)
+        with writers.without_crc32():
+            self.inner.save(state_dict, buffer)
         self.snapshots.append((path, buffer.getbuffer()))
         self.snapshot_bytes += buffer.getbuffer().nbytes
 
@@ -74,7 +76,7 @@ class SnapshotWriter(commit.DeferredErrorWriter):
     def write_file(self, path: Path, data: memoryview) -> None:
         """One file, hashed and fsynced; an error is kept for the agreement and the partial file removed."""
         try:
-            super().write(data, path)  # DeferredErrorWriter.write: hashing file, fsync; `inner` writes the bytes
+            super().write(data, path)  # DeferredErrorWriter.write: O_DIRECT, hash, fsync; `inner` writes the bytes
         except Exception as e:
             self.fail(e, path)
             path.unlink(missing_ok=True)
@@ -159,7 +161,7 @@ class AsyncSaver:
         node_local = bool(self.engine.use_node_local_storage())
         error = commit.agree_and_commit(self.save_dir, flight.tag, flight.step, writer, self.identity, node_local)
         end = time.perf_counter()
-        timings = {"write": writer.write_seconds - writer.fsync_seconds - writer.hash_seconds,
+        timings = {"write": writer.write_seconds - writer.fsync_seconds,
                    "fsync": writer.fsync_seconds, "hash": writer.hash_seconds, "protocol": end - commit_start}
         outcome = AsyncOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
                                estimated_bytes=flight.need, snapshot_bytes=writer.snapshot_bytes)

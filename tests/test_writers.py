@@ -1,0 +1,54 @@
+"""The committed save's file writer: O_DIRECT blocks, SHA-256 on a thread of its own, the tail, errors, no CRC-32."""
+
+import errno
+import hashlib
+import io
+import os
+
+import pytest
+import torch
+
+from zckpt_nb import faults, writers
+
+SIZES = [0, 1, writers.PAGE - 1, writers.PAGE, writers.BLOCK, writers.BLOCK + 1, 2 * writers.BLOCK + writers.PAGE + 3]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_direct_file_writes_every_byte_and_hashes_them_whatever_the_size(size, tmp_path):
+    data = os.urandom(size)
+    path = tmp_path / "f.bin"
+    with writers.DirectFile(path) as out:
+        for i in range(0, size, 12345):  # torch.save writes in pieces of every size
+            out.write(data[i:i + 12345])
+    fd, direct = writers.open_direct(tmp_path / "probe")  # does this filesystem take O_DIRECT? (tmpfs before 6.6 not)
+    os.close(fd)
+    assert out.direct == direct
+    assert path.read_bytes() == data and out.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert out.fsync_seconds > 0
+
+
+def test_torch_save_into_it_gives_torch_saves_own_bytes_without_crc_and_torch_load_reads_them(tmp_path):
+    state = {"w": torch.randn(1_000_003), "step": torch.tensor(7)}
+    memory = io.BytesIO()
+    with writers.without_crc32():
+        torch.save(state, memory)
+        with writers.DirectFile(tmp_path / "s.pt") as out:
+            torch.save(state, out)
+    assert torch.serialization.get_crc32_options(), "the option is restored after the block"
+    assert (tmp_path / "s.pt").read_bytes() == memory.getvalue()
+    for mmap in (False, True):  # what DeepSpeed's load_checkpoint and zero_to_fp32.py do
+        loaded = torch.load(tmp_path / "s.pt", weights_only=True, mmap=mmap)
+        assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
+
+
+def test_a_full_disk_raises_enospc_and_closes_the_file(tmp_path):
+    disk = tmp_path / "disk"
+    with faults.tmpfs(disk, "size=2m") as why:
+        if why:
+            pytest.skip(why)
+        open_fds = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError) as raised, writers.DirectFile(disk / "big.bin") as out:
+            for _ in range(4):
+                out.write(os.urandom(writers.BLOCK // 2))
+        assert raised.value.errno == errno.ENOSPC
+        assert len(os.listdir("/proc/self/fd")) == open_fds
