@@ -8,13 +8,14 @@ Every rank runs the same calls, with the same collectives, at the same step boun
    on it into memory. Those bytes are the snapshot: exactly the file DeepSpeed would write, which later optimizer
    steps can no longer change. Training resumes as soon as both of this rank's files are in memory;
 2. a background thread writes the bytes to their files, fsyncs and hashes them (SHA-256), then frees them;
-3. at every later step boundary (`poll`), one all_reduce of "my writer is done": when it is done on every rank,
-   all ranks run the commit protocol's agreement and commit (`commit.agree_and_commit`: manifest, then `latest`).
-   The flag costs one 8-byte collective per step while a save is in flight; the ranks learn together, so they
-   enter the agreement at the same boundary.
+3. the same thread then runs the commit protocol's agreement and commit (`commit.agree_and_commit`: manifest, then
+   `latest`; then `--keep_last`) on a gloo process group of its own, made for it when training starts: the ranks'
+   writer threads meet there as soon as every one is done, while training goes on with its collectives on the
+   default group. The checkpoint is durable then, not at a later step. DCP's `async_save` does the same;
+4. at each step boundary (`poll`) the training loop picks up a finished save's outcome and reports it.
 
-At most one save is in flight: the next save call, and the end of training, first wait for it and commit it
-(`finish`); that wait is the next save's stall. Until the commit, `latest` names the previous checkpoint, so a
+At most one save is in flight: the next save call, and the end of training, first wait for it (`finish`); that
+wait is the next save's stall. Until the commit, `latest` names the previous checkpoint, so a
 kill -9 during the background write leaves that one intact and resumable. A failure on any rank (a full disk in
 the background write) comes out of the agreement on every rank, as in the synchronous protocol.
 On GPUs `torch.save` copies each tensor to ordinary host memory, not pinned buffers: simpler, slower to copy.
@@ -37,6 +38,7 @@ class AsyncOutcome(commit.SaveOutcome):
     """A `SaveOutcome` plus the snapshot's size: the host memory this rank held until its files were on disk."""
 
     snapshot_bytes: int = 0
+    durable_at: float | None = None  # time.perf_counter() when the commit was done (in the background thread)
 
 
 class SnapshotWriter(commit.DeferredErrorWriter):
@@ -99,26 +101,24 @@ class InFlight:
     start: float
     need: int
     writer: SnapshotWriter
-    thread: threading.Thread
-
-
-def every_rank(flag: bool, device: str) -> bool:
-    """True when `flag` is true on every rank (one all_reduce MIN of one integer)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    thread: threading.Thread | None = None
+    outcome: AsyncOutcome | None = None
+    failure: BaseException | None = None  # what the background thread raised (a lost peer): re-raised by `finish`
 
 
 class AsyncSaver:
-    """This rank's asynchronous saves, at most one in flight; every rank calls each method at the same boundary."""
+    """This rank's asynchronous saves, at most one in flight. Every rank calls `save` and `finish` at the same
+    boundaries; `poll` is local (a rank may pick up the outcome one step after another)."""
 
     def __init__(self, engine: Any, output_dir: str | Path, identity: dict[str, Any], *, keep_last: int,
-                 device: str) -> None:
-        self.engine, self.save_dir, self.identity = engine, Path(output_dir), identity
-        self.keep_last, self.device = keep_last, device
+                 timeout_s: float) -> None:
+        """Every rank, at the same point (it makes the commit's process group, a collective)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.engine, self.save_dir, self.identity, self.keep_last = engine, Path(output_dir), identity, keep_last
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.flight: InFlight | None = None
 
     def save(self, tag: str, state: dict[str, Any], step: int, prepare: Any) -> AsyncOutcome:
@@ -135,26 +135,40 @@ class AsyncSaver:
         commit.run_save(self.engine, writer, self.save_dir, tag, state, start)
         snapshot_seconds = time.perf_counter() - start
         writer.inner = BytesEngine()  # from here on, `inner` writes the snapshot's bytes
-        thread = threading.Thread(target=writer.write_all, name=f"zckpt-write-{tag}", daemon=True)
-        thread.start()
-        self.flight = InFlight(tag, step, start, need, writer, thread)
+        self.flight = InFlight(tag, step, start, need, writer)
+        self.flight.thread = threading.Thread(target=self.write_and_commit, args=(self.flight,),
+                                              name=f"zckpt-write-{tag}", daemon=True)
+        self.flight.thread.start()
         return AsyncOutcome(tag, step, False, None, snapshot_seconds, {"snapshot": snapshot_seconds},
                             estimated_bytes=need, snapshot_bytes=writer.snapshot_bytes)
 
     def poll(self) -> AsyncOutcome | None:
-        """At a step boundary: the outcome of the save in flight once every rank's writer is done, else None."""
-        if self.flight is None or not every_rank(self.flight.writer.done.is_set(), self.device):
+        """At a step boundary: the outcome of the save in flight once its background commit has finished, else None."""
+        if self.flight is None or self.flight.thread.is_alive():
             return None
-        return self.commit()
+        return self.finish()
 
     def finish(self) -> AsyncOutcome | None:
-        """Wait for the save in flight (if any) and commit it; its outcome."""
-        return None if self.flight is None else self.commit()
-
-    def commit(self) -> AsyncOutcome:
-        """Every rank, once its writer is done: the agreement and commit (`commit.agree_and_commit`), then rotation."""
+        """Wait for the save in flight (if any) to be committed or failed; its outcome."""
+        if self.flight is None:
+            return None
         flight, self.flight = self.flight, None
         flight.thread.join()
+        if flight.failure is not None:  # e.g. a collective timed out: the job must stop, as in the synchronous mode
+            raise flight.failure
+        return flight.outcome
+
+    def write_and_commit(self, flight: InFlight) -> None:
+        """The background thread: write, then the agreement and commit on the saver's own group, then rotation."""
+        commit.GROUP.set(self.group)  # this thread's protocol collectives (a new thread starts with a fresh context)
+        try:
+            flight.outcome = self.commit_written(flight)
+        except BaseException as e:  # handed to the training thread, which raises it
+            flight.failure = e
+
+    def commit_written(self, flight: InFlight) -> AsyncOutcome:
+        """Write the snapshot, agree and commit, rotate: this rank's outcome of the save."""
+        flight.writer.write_all()
         writer, rank = flight.writer, flight.writer.rank
         faults.maybe("before_commit", rank, flight.step)
         commit_start = time.perf_counter()
@@ -164,7 +178,7 @@ class AsyncSaver:
         timings = {"write": writer.write_seconds - writer.fsync_seconds,
                    "fsync": writer.fsync_seconds, "hash": writer.hash_seconds, "protocol": end - commit_start}
         outcome = AsyncOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
-                               estimated_bytes=flight.need, snapshot_bytes=writer.snapshot_bytes)
+                               estimated_bytes=flight.need, snapshot_bytes=writer.snapshot_bytes, durable_at=end)
         if outcome.committed and self.keep_last:
             from zckpt_nb import rotation
 

@@ -27,6 +27,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,12 +261,17 @@ def commit_folder(save_dir: Path, tag: str, step: int, manifest: str, rank: int)
     atomic_write(save_dir / "latest", tag, before_rename=lambda: faults.maybe("latest", rank, step))
 
 
+# The process group of this thread's protocol collectives: None (the default group) except in an asynchronous save's
+# background thread, which commits on a group of its own while training runs collectives on the default one.
+GROUP: ContextVar[Any] = ContextVar("zckpt_protocol_group", default=None)
+
+
 def gather(obj: Any) -> list[Any]:
-    """all_gather_object: every rank's `obj` on every rank."""
+    """all_gather_object: every rank's `obj` on every rank (on this thread's `GROUP`)."""
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=GROUP.get())
     measure.count_object_collective(out)  # DeepSpeed's comms logger does not see torch's object collectives
     return out
 

@@ -77,8 +77,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="seconds a collective may wait for the other ranks "
                              "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
     parser.add_argument("--save_mode", default="commit", choices=["commit", "async", "plain", "rank0_only"],
-                        help="commit: the commit protocol; async: snapshot, write in the background, commit at a "
-                             "later step (zckpt_nb.async_save); plain: DeepSpeed's save alone (benchmark baseline); "
+                        help="commit: the commit protocol; async: snapshot, then write and commit in the "
+                             "background (zckpt_nb.async_save); plain: DeepSpeed's save alone (benchmark baseline); "
                              "rank0_only: the seed's hanging snippet (notebook 06)")
     parser.add_argument("--save_16bit", action="store_true",
                         help="after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
@@ -285,8 +285,9 @@ class SaveLog:
             root = Path(self.args.output_dir)
             self.costs[outcome.tag].update(files=[str(root / f["path"]) for f in files],
                                            bytes_written=sum(f["bytes"] for f in files))
-        if durable:
-            record["durable_seconds"] = time.perf_counter() - self.started[outcome.tag]
+        if durable:  # an asynchronous save was durable when its background thread committed it
+            record["durable_seconds"] = (getattr(outcome, "durable_at", None) or time.perf_counter()) \
+                - self.started[outcome.tag]
         if self.rank == 0:
             print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
         if outcome.rotation_error:
@@ -398,13 +399,14 @@ def train(argv: list[str] | None = None) -> None:
             print(f"resumed from {resume_tag} at step {start_step}", flush=True)
 
     share = data.rank_share(args.global_batch, world, rank)  # this rank's slice of every step's global batch
-    saver = async_save.AsyncSaver(engine, args.output_dir, identity, keep_last=args.keep_last, device=device) \
+    saver = async_save.AsyncSaver(engine, args.output_dir, identity, keep_last=args.keep_last,
+                                  timeout_s=collective_timeout(args.collective_timeout)) \
         if args.save_mode == "async" else None
     engine.train()
     steps, losses, lrs, log = [], [], [], SaveLog(args, rank)
     for step in range(start_step, args.steps):
         log.stall_ends()  # the previous save stopped training until here
-        log.settle(saver.poll() if saver else None)  # an asynchronous save commits once every rank has written it
+        log.settle(saver.poll() if saver else None)  # an asynchronous save, once committed in the background
         batch = data.global_batch_for_step(tokens, step=step, seed=args.seed, global_batch=args.global_batch,
                                            seq_len=preset.seq_len)
         steps.append(step)
