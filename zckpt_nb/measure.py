@@ -302,9 +302,6 @@ class Trace:
     returncode: int
     output: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def rss_parts(pid: int) -> tuple[int, int, int] | None:
     """(anonymous, file-backed, high-water mark) resident bytes of process `pid` from /proc, or None once gone."""
