@@ -2,9 +2,9 @@
 
 DeepSpeed 0.19.8's `get_fp32_state_dict_from_zero_checkpoint(..., lazy_mode=True)` memory-maps every rank's
 optimizer file and returns, for each parameter, a `GatheredTensor`: where its slices lie in the ranks' flat fp32
-groups, nothing copied yet. We plan the shards on `meta` tensors (shapes only), then write each shard's safetensors
-header and, tensor by tensor, the ranks' slices straight from the mapped files, 8 MiB at a time, releasing each
-step's mapped pages once written. No tensor is ever built whole in memory, and the file pages read do not pile up
+groups, nothing copied yet. We plan the shards from the shapes alone, then write each shard's safetensors header
+and, tensor by tensor, the ranks' slices straight from the mapped files, 1 MiB at a time, releasing each step's
+mapped pages once written. No tensor is ever built whole in memory, and the file pages read do not pile up
 in the process's resident memory (they stay in the page cache, which the kernel can reclaim).
 
 The output is what transformers' `save_pretrained` writes for the same model: the tied head stored once (under the
@@ -36,6 +36,7 @@ STEP = 2**20  # bytes written, then released from memory, at a time
 PAGE = mmap.PAGESIZE
 AROUND = 2**20  # pages either side of a written range also released (the kernel maps some around each fault)
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+LIBC = ctypes.CDLL(None)  # this process's C library (madvise), loaded once: drop_pages runs for every MiB written
 
 
 
@@ -141,7 +142,7 @@ def drop_pages(start: int, stop: int, mapped: MappedFiles) -> None:
         return
     lo = max(mapping[0], start // PAGE * PAGE - AROUND)
     hi = min(mapping[1], -(-stop // PAGE) * PAGE + AROUND)
-    ctypes.CDLL(None).madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED)
+    LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED)
 
 
 def write_piece(f: Any, piece: Any, mapped: MappedFiles) -> None:
