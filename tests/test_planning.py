@@ -130,34 +130,83 @@ def test_deepspeed_estimate_is_explained_term_by_term():
     assert f"({expected:+.2%})" in planning.deepspeed_sentence(table)
 
 
-def synthetic_records(overhead: dict[str, float], bw: Bandwidths) -> list[dict]:
-    """Records whose seconds are the bandwidth terms plus a known fixed overhead per mode."""
+def test_a_step_latency_adds_ring_steps_per_collective_call():
+    pred = predict("llama-3-8b", 64, "bf16")
+    calls = len(tensor_numels("llama-3-8b"))  # one all-gather per distinct tensor
+    terms = planning.time_terms(pred, Bandwidths(2, 2, 25, step_latency_us=5))["per_param"]
+    assert terms[f"collective latency ({calls * 63:,} ring steps)"] == pytest.approx(calls * 63 * 5e-6)
+    assert not any("latency" in t for t in planning.time_terms(pred, Bandwidths(2, 2, 25))["per_param"])
+    with pytest.raises(planning.UsageError, match="step latency at least 0"):
+        Bandwidths(2, 2, 25, step_latency_us=-1)
+
+
+def test_predicted_collective_calls_are_the_calls_deepspeed_logged():
+    records = [r for r in planning.measured_records() if r["world_size"] > 1]  # one rank makes no ring step
+    assert {r["mode"] for r in records} >= {"partitioned", "gathered16", "per_param"}
+    for r in records:  # the comms logger misses the commit protocol's object collectives: a size and a payload each
+        pred = predict(r["model"], r["world_size"], r["dtype"], r["persistence_threshold"])
+        logged = sum(r["logged_comm_ops"].values()) + 2 * r["protocol_comm_ops"]
+        assert planning.collective_calls(pred, r["mode"]) == logged, r
+    assert {r["protocol_comm_ops"] for r in records if r["mode"] == "partitioned"} == {
+        planning.PROTOCOL_OBJECT_COLLECTIVES}
+
+
+KNOWN = {"fixed partitioned": 0.02, "fixed gathered16": 0.01, "fixed per_param": 0.01, "fixed offline": 0.15,
+         "fixed hf": 0.03, "bytes partitioned": 1 / 0.5e9, "bytes gathered16": 1 / 0.7e9, "bytes per_param": 1 / 0.5e9,
+         "bytes offline": 1 / 2e9, "bytes hf": 1 / 1.3e9, "net": 1 / 1.2e9}  # seconds per save, per byte
+
+
+def synthetic_records(constants: dict[str, float], cpus: int) -> list[dict]:
+    """Records whose seconds follow the fitted form exactly: known constants times each save's features."""
     out = []
-    for n in (1, 2, 3):
-        terms = planning.time_terms(predict("tiny", n), bw)
-        for mode, extra in overhead.items():
-            out.append({"model": "tiny", "mode": mode, "world_size": n, "rank": 0, "dtype": "fp32",
-                        "persistence_threshold": 0, "predicted_bytes": 1, "measured_payload_bytes": 1,
-                        "seconds": sum(terms[mode].values()) + extra})
+    for model, sizes in (("tiny", (1, 2, 3, 4)), ("small", (1, 2, 3))):
+        for n in sizes:
+            for mode in ("partitioned", "gathered16", "per_param", "offline", "hf"):
+                r = {"model": model, "mode": mode, "world_size": n, "rank": 0, "dtype": "fp32", "cpus": cpus,
+                     "persistence_threshold": 0, "predicted_bytes": 1, "measured_payload_bytes": 1}
+                r["seconds"] = sum(v * constants.get(k, 0) for k, v in planning.features(r).items())
+                out.append(r)
     return out
 
 
-def test_calibration_recovers_a_known_overhead_and_reports_misses():
-    bw = Bandwidths(1, 1, 1)
-    rows = planning.calibration(synthetic_records({"partitioned": 0.02, "offline": 0.2}, bw), bw)
-    assert len(rows) == 6
+def test_calibration_recovers_known_constants_leaving_each_save_out():
+    known = {**KNOWN, "steps": 5e-4}
+    records = synthetic_records(known, cpus=2)
+    rows = planning.calibration(records, Bandwidths(1, 1, 1))
+    assert len(rows) == 35
     for r in rows:
-        assert r["fitted overhead s"] == pytest.approx(0.02 if r["mode"] == "partitioned" else 0.2)
-        assert abs(r["with overhead error"]) < 1e-9 and r["bandwidth-only error"] < -0.25
+        assert abs(r["fitted error"]) < 1e-6, r
+    assert planning.fit(rows) == pytest.approx(known, rel=1e-6)
+    # four ranks on two cores take turns: the same save's CPU work takes twice as long
+    part4 = next(r for r in records if r["mode"] == "partitioned" and r["world_size"] == 4)
+    assert planning.cpu_share(part4) == 2 and planning.cpu_share({**part4, "mode": "offline"}) == 1
     sentence = planning.calibration_sentence(rows)
-    assert "bandwidths alone put 0 of 6 within 25%" in sentence
-    assert "fitted on the other world sizes, 6 of 6" in sentence
+    assert "fitted on its other saves, 35 of 35 within 25%" in sentence
 
 
-def test_calibration_on_the_shipped_measurements_has_exact_bytes():
-    rows = planning.calibration(planning.measured_records(), Bandwidths(1, 1, 1))
+def test_a_term_that_would_fit_below_zero_is_dropped():
+    records = synthetic_records(KNOWN, cpus=2)
+    for r in records:  # saves with more ring steps measured faster: a negative latency would fit best
+        r["seconds"] -= 1e-4 * planning.features(r)["steps"] * 0.1
+    constants = planning.fit(planning.calibration(records, Bandwidths(1, 1, 1)))
+    assert constants["steps"] == 0 and all(v >= 0 for v in constants.values())
+
+
+def test_calibration_on_the_shipped_measurements():
+    """Exact bytes; seconds: the fitted constants predict most saves within 25%, far more than bandwidths alone.
+
+    Not every one: on this machine single repeats of one save spread by up to 3x (the sentence gives that floor),
+    and issue 14's goal of every save within 25% is not met; this guards what is.
+    """
+    rows = planning.calibration(planning.measured_records(), Bandwidths(0.5, 0.8, 0.5))
     assert rows and all(r["bytes exact"] for r in rows)
     assert {r["mode"] for r in rows} == {"partitioned", "gathered16", "per_param", "offline", "hf"}
+    assert {(r["model"], r["N"]) for r in rows} >= {("tiny", 4), ("small", 3), ("medium", 3)}
+    fitted = sum(abs(r["fitted error"]) <= 0.25 for r in rows)
+    alone = sum(abs(r["bandwidth-only error"]) <= 0.25 for r in rows)
+    assert fitted >= 0.75 * len(rows) and fitted > alone
+    assert [c["constant"] for c in planning.machine_constants(rows)][-1] == "latency of one ring step"
+    assert "single repeats lie within 25% of their median" in planning.calibration_sentence(rows)
 
 
 def run_costs(capsys, *argv: str) -> tuple[int, str, str]:

@@ -119,7 +119,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     sizes = world_sizes(args)
     name = args.config or args.model
-    bw = Bandwidths(args.write_gbps, args.read_gbps, args.net_gbps)
+    bw = Bandwidths(args.write_gbps, args.read_gbps, args.net_gbps, args.step_latency_us)
     preds = [predict(name, n, args.dtype, args.persistence_threshold) for n in sizes]
     plans = [plan(name, n, bw, args.dtype, args.persistence_threshold, args.gather_16bit == "on") for n in sizes]
     if args.json:
@@ -268,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--write_gbps", type=float, default=2.0, help="GB/s one rank writes to storage (default 2)")
     costs.add_argument("--read_gbps", type=float, default=2.0, help="GB/s the offline conversion reads (default 2)")
     costs.add_argument("--net_gbps", type=float, default=25.0, help="GB/s of one rank's network link (default 25)")
+    costs.add_argument("--step_latency_us", type=float, default=0.0,
+                       help="µs per ring step of one collective call (each call takes N - 1 steps; default 0: "
+                            "not modelled)")
     costs.add_argument("--json", action="store_true")
     costs.set_defaults(func=cmd_costs)
 

@@ -10,6 +10,8 @@ Results accumulate in `DIR/compare.json`, so asking again reuses what was alread
 from __future__ import annotations
 
 import json
+import os
+import platform
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -87,8 +89,11 @@ def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) ->
             # live heap above the start on CPU (RSS hides reused pages), allocator peak on GPU
             "measured_extra_peak_bytes": cost.get("heap_extra_peak_bytes") or cost["extra_peak_bytes"],
             "seconds": cost["seconds"], **save_times(run, cost), "save_mode": run["save_mode"],
+            # which machine, and how many cores CPU ranks shared: what a time calibration is fitted per
+            "machine": platform.node(), "cpus": os.cpu_count() if run["device"] == "cpu" else None,
             "logged_comm_bytes": cost["comm_bytes"],
             "protocol_comm_bytes": cost.get("protocol_comm_bytes", 0),
+            "protocol_comm_ops": cost.get("protocol_comm_ops", 0),
             "logged_comm_ops": {op: v["count"] for op, v in cost["comm_ops"].items()},
             "logged_comm_op_bytes": {op: v["bytes"] for op, v in cost["comm_ops"].items() if v["bytes"]}}
 

@@ -8,6 +8,9 @@ bandwidths, in GB/s (1e9 bytes per second):
 - net: one rank's link. A collective's time is the bytes one rank receives over it (ring algorithms): an all-gather
   receives the N - 1 slices it did not send (DeepSpeed logs the slice sent), an all-reduce 2 (N - 1) / N of its
   buffer, a broadcast the whole buffer.
+And one latency, in µs: a ring step of one collective call (each call takes N - 1 steps whatever its size). DeepSpeed
+gathers tensor by tensor, so a gathered save at thousands of ranks can be bound by it rather than by bytes. It is
+0 (not modelled) unless given; `calibration` fits it, with the rest, on the saves measured here.
 A save's training stall is the time until the ranks can step again; its time to durable, until its own output is
 on disk. The saves are synchronous, so these are equal except for the offline route, which runs after the
 partitioned save, off the training path.
@@ -16,19 +19,19 @@ partitioned save, off the training path.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.costs import Prediction, module_numels, predict
+from zckpt_nb.costs import MODE_KEYS, Prediction, module_numels, module_walk_numels, predict, tensor_numels
 from zckpt_nb.launch import UsageError
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 MEASURED = Path(__file__).with_name("data") / "measured_cpu_compare.json"
 GB = 1e9
 GIB = 2**30
+PROTOCOL_OBJECT_COLLECTIVES = 3  # per committed save (`commit`): measured as `protocol_comm_ops` in compare.json
 # Published totals to check the shipped configs against: parameters and the bf16 weights' bytes (the
 # `total_size` of the model's safetensors index on the Hugging Face hub, meta-llama/Meta-Llama-3-8B).
 PUBLISHED = {"llama-3-8b": {"parameters": 8_030_261_248, "bf16 bytes": 16_060_522_496}}
@@ -72,16 +75,23 @@ def load_config(source: str) -> Any:
 
 @dataclass(frozen=True)
 class Bandwidths:
-    """Write (one rank to storage), read (one process from storage) and network (one rank's link), in GB/s."""
+    """Write (one rank to storage), read (one process from storage) and network (one rank's link) in GB/s; the
+    latency of one ring step of a collective call in µs (0: not modelled)."""
 
     write_gbps: float
     read_gbps: float
     net_gbps: float
+    step_latency_us: float = 0.0
 
     def __post_init__(self) -> None:
-        bad = {k: v for k, v in vars(self).items() if not v > 0}
+        bad = {k: v for k, v in vars(self).items() if not (v >= 0 if k == "step_latency_us" else v > 0)}
         if bad:
-            raise UsageError(f"bandwidths must be positive GB/s figures (got {bad})")
+            raise UsageError(f"bandwidths must be positive GB/s figures and the step latency at least 0 µs (got {bad})")
+
+    def unit_seconds(self) -> dict[str, float]:
+        """Seconds per unit of what a save moves: per byte written, read and received, and per ring step."""
+        return {"write": 1 / (self.write_gbps * GB), "read": 1 / (self.read_gbps * GB),
+                "net": 1 / (self.net_gbps * GB), "steps": self.step_latency_us * 1e-6}
 
 
 def wire_bytes(ops: dict[str, int], n: int) -> float:
@@ -90,22 +100,42 @@ def wire_bytes(ops: dict[str, int], n: int) -> float:
     return sum(factors[op] * v for op, v in ops.items())
 
 
+def collective_calls(pred: Prediction, mode: str) -> int:
+    """Collective calls rank 0 makes in a save: DeepSpeed gathers (and broadcasts) one tensor per call."""
+    t = pred.persistence_threshold
+    walk, numels = module_walk_numels(pred.model), tensor_numels(pred.model)
+    # DeepSpeed's tag check (2 all-reduces), 2 barriers and the regather; then the commit protocol's object
+    # collectives, each a size and a payload
+    return {"partitioned": 4 + pred.persistent_tensors + 2 * PROTOCOL_OBJECT_COLLECTIVES,
+            "gathered16": sum(k > t for k in walk) + len(walk),  # per walked tensor: an all-gather, a broadcast
+            "per_param": sum(k > t for k in numels), "offline": 0, "hf": 0}[mode]
+
+
+def quantities(pred: Prediction, mode: str) -> dict[str, float]:
+    """What rank 0 moves in a save mode: bytes written, read and received, and the ring steps of its collectives."""
+    part = getattr(pred, MODE_KEYS[mode])
+    write = pred.partitioned["per_rank_bytes"][0] if mode == "partitioned" else part["written_bytes"]
+    return {"write": write, "read": part.get("read_bytes", 0), "net": wire_bytes(part["ops"], pred.world_size),
+            "steps": collective_calls(pred, mode) * (pred.world_size - 1)}
+
+
+TERMS = {"partitioned": {"write": "write the rank's shard", "net": "collectives"},
+         "gathered16": {"net": "all-gather and broadcast", "write": "rank 0 writes the 16-bit model"},
+         "per_param": {"net": "all-gather", "write": "rank 0 writes the model"},
+         "offline": {"read": "read every shard", "write": "write the fp32 model"},
+         "hf": {"read": "read every shard", "write": "write the fp32 model"}}
+
+
 def time_terms(pred: Prediction, bw: Bandwidths) -> dict[str, dict[str, float]]:
     """Per save mode, its seconds term by term on rank 0 (the slowest rank); offline and hf: the conversion alone."""
-    n, write, read, net = pred.world_size, bw.write_gbps * GB, bw.read_gbps * GB, bw.net_gbps * GB
-    def convert(part: dict[str, Any]) -> dict[str, float]:
-        return {"read every shard": part["read_bytes"] / read, "write the fp32 model": part["written_bytes"] / write}
-
-    return {
-        "partitioned": {"write the rank's shard": pred.partitioned["per_rank_bytes"][0] / write,
-                        "collectives": wire_bytes(pred.partitioned["ops"], n) / net},
-        "gathered16": {"all-gather and broadcast": wire_bytes(pred.gathered["ops"], n) / net,
-                       "rank 0 writes the 16-bit model": pred.gathered["written_bytes"] / write},
-        "per_param": {"all-gather": wire_bytes(pred.per_param["ops"], n) / net,
-                      "rank 0 writes the model": pred.per_param["written_bytes"] / write},
-        "offline": convert(pred.offline),
-        "hf": convert(pred.hf),
-    }
+    unit = bw.unit_seconds()
+    out = {}
+    for mode, labels in TERMS.items():
+        q = quantities(pred, mode)
+        out[mode] = {label: q[k] * unit[k] for k, label in labels.items()}
+        if q["steps"] and unit["steps"]:
+            out[mode][f"collective latency ({q['steps']:,} ring steps)"] = q["steps"] * unit["steps"]
+    return out
 
 
 def plan(name: str, n: int, bw: Bandwidths, dtype: str = "bf16", persistence_threshold: int = 0,
@@ -149,8 +179,11 @@ def verdict(rows: list[dict[str, Any]], bw: Bandwidths) -> str:
     saves = sorted((r for r in rows if r["mode"] != "offline"), key=lambda r: r["stall s"])
     whole = sorted((r for r in rows if r["mode"] != "partitioned"), key=lambda r: r["durable s"])
     offline = next(r for r in rows if r["mode"] == "offline")
-    return (f"At N = {rows[0]['N']} with write {bw.write_gbps:g} GB/s, read {bw.read_gbps:g} GB/s and network "
-            f"{bw.net_gbps:g} GB/s, {saves[0]['mode']} stalls training least: " + "; ".join(map(why, saves)) + ". "
+    latency = (f"{bw.step_latency_us:g} µs per ring step of a collective call" if bw.step_latency_us
+               else "collective latency not modelled")
+    return (f"At N = {rows[0]['N']} with write {bw.write_gbps:g} GB/s, read {bw.read_gbps:g} GB/s, network "
+            f"{bw.net_gbps:g} GB/s and {latency}, {saves[0]['mode']} stalls training least: "
+            + "; ".join(map(why, saves)) + ". "
             f"A consolidated model is on disk soonest with {whole[0]['mode']} ({seconds(whole[0]['durable s'])}"
             + (", the partitioned save and then the conversion off the training path, which needs "
                f"{offline['rank 0 extra peak B'] / GIB:.3g} GiB of memory in one process)" if whole[0] is offline
@@ -266,26 +299,97 @@ def measured_records(extra_dir: str | Path | None = None) -> list[dict[str, Any]
     return json.loads(MEASURED.read_text()) + (load_records(Path(extra_dir)) if extra_dir else [])
 
 
-def calibration(records: list[dict[str, Any]], bw: Bandwidths) -> list[dict[str, Any]]:
-    """Rank 0 of each measured (mode, N): predicted seconds, bandwidths only and with a fitted fixed overhead.
+ON_ALL_RANKS = ("partitioned", "gathered16", "per_param")  # the saves; offline and hf run in one process
 
-    The overhead of a mode is fitted from that mode's records at the *other* world sizes (the median of measured
-    minus predicted), so no record is predicted with a constant fitted on itself.
+
+def cpu_share(record: dict[str, Any]) -> float:
+    """Ranks per CPU core during a save (at least 1): CPU ranks beyond the machine's cores take turns."""
+    cpus = record.get("cpus")
+    return max(1.0, record["world_size"] / cpus) if cpus and record["mode"] in ON_ALL_RANKS else 1.0
+
+
+def features(record: dict[str, Any]) -> dict[str, float]:
+    """A measured save as the terms its seconds are fitted from: its mode's fixed cost and bytes, what it moves.
+
+    Each mode has its own writer (the committed save's hashed O_DIRECT writes, `torch.save` through the page cache,
+    safetensors), so each gets its own fixed cost and its own seconds per byte written and read. Work done by the
+    CPU takes `cpu_share` times as long when ranks share cores; the collectives' bytes and ring steps are waits.
+    """
+    pred = predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
+    mode, q, share = record["mode"], quantities(pred, record["mode"]), cpu_share(record)
+    mine = {m: share * (m == mode) for m in MODE_KEYS}
+    return {**{f"fixed {m}": v for m, v in mine.items()},
+            **{f"bytes {m}": v * (q["write"] + q["read"]) for m, v in mine.items()},
+            "net": q["net"], "steps": q["steps"]}
+
+
+def fit(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per unit of each feature, at least 0, that minimise the relative error over `rows`.
+
+    Weighted least squares (numpy); a term that comes out below 0 is dropped and the rest refitted (a cost cannot be
+    negative, and numpy has no non-negative solver).
+    """
+    import numpy as np
+
+    keys = [k for k in rows[0]["features"] if any(r["features"][k] for r in rows)]
+    while True:
+        x = np.array([[r["features"][k] / r["measured s"] for k in keys] for r in rows])
+        theta = np.linalg.lstsq(x, np.ones(len(rows)), rcond=None)[0]
+        if (theta >= 0).all():
+            return {k: float(theta[keys.index(k)]) if k in keys else 0.0 for k in rows[0]["features"]}
+        keys.pop(int(np.argmin(theta)))
+
+
+def predicted(row: dict[str, Any], constants: dict[str, float]) -> float:
+    """A measured save's seconds from fitted constants."""
+    return sum(v * constants[k] for k, v in row["features"].items())
+
+
+def calibration(records: list[dict[str, Any]], bw: Bandwidths) -> list[dict[str, Any]]:
+    """Rank 0 of each measured save: its seconds predicted from `bw` alone, and from this machine's constants.
+
+    The constants (a fixed cost per mode, seconds per byte written, read and received, per ring step) are fitted on
+    the machine's *other* saves (leave one out), so no record is predicted from a fit that saw it. Records are
+    fitted per machine (their `machine` field).
     """
     rows = []
     for r in (r for r in records if r["rank"] == 0):
         pred = predict(r["model"], r["world_size"], r["dtype"], r["persistence_threshold"])
-        rows.append({"model": r["model"], "mode": r["mode"], "N": r["world_size"], "measured s": r["seconds"],
+        rows.append({"machine": r.get("machine", "?"), "model": r["model"], "mode": r["mode"], "N": r["world_size"],
+                     "measured s": r["seconds"], "repeat s": r.get("repeat_seconds", []),
                      "bandwidth-only s": sum(time_terms(pred, bw)[r["mode"]].values()),
-                     "bytes exact": r["predicted_bytes"] == r["measured_payload_bytes"]})
-    for row in rows:
-        others = [o["measured s"] - o["bandwidth-only s"] for o in rows
-                  if o["mode"] == row["mode"] and o["N"] != row["N"]]
-        row["fitted overhead s"] = statistics.median(others) if others else None
-        row["with overhead s"] = None if not others else row["bandwidth-only s"] + row["fitted overhead s"]
-        for key in ("bandwidth-only s", "with overhead s"):
-            row[f"{key.split(' s')[0]} error"] = None if row[key] is None else row[key] / row["measured s"] - 1
+                     "bytes exact": r["predicted_bytes"] == r["measured_payload_bytes"], "features": features(r)})
+    for i, row in enumerate(rows):
+        others = [o for j, o in enumerate(rows) if j != i and o["machine"] == row["machine"]]
+        row["fitted s"] = predicted(row, fit(others)) if enough([row, *others]) else None
+        for key in ("bandwidth-only s", "fitted s"):
+            row[key.replace(" s", " error")] = None if row[key] is None else row[key] / row["measured s"] - 1
     return rows
+
+
+def enough(rows: list[dict[str, Any]]) -> bool:
+    """Whether there are more saves than constants to fit (leaving one out)."""
+    return len(rows) > len(rows[0]["features"]) + 1
+
+
+def rate(seconds_per_byte: float) -> str:
+    """A fitted seconds-per-byte constant as GB/s."""
+    return f"{1 / seconds_per_byte / GB:.3g} GB/s" if seconds_per_byte else "not fitted (0)"
+
+
+def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per machine with enough saves, the constants fitted on all of them, as a person reads them."""
+    out = []
+    for machine in dict.fromkeys(r["machine"] for r in rows):
+        mine = [r for r in rows if r["machine"] == machine]
+        if not enough(mine):
+            continue
+        c = fit(mine)
+        named = [*((f"{m}: fixed seconds per save", seconds(c[f"fixed {m}"])) for m in MODE_KEYS),
+                 *((f"{m}: bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
+                 ("network: bytes received", rate(c["net"])), ("latency of one ring step", seconds(c["steps"]))]
+        out += [{"machine": machine, "constant": k, "value": v} for k, v in named]
+    return out
 
 
 def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) -> str:
@@ -294,10 +398,13 @@ def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) ->
         rated = [r for r in rows if r[key] is not None]
         near = sum(abs(r[key]) <= tolerance for r in rated)
         worst = max(rated, key=lambda r: abs(r[key]), default=None)
-        return (f"{near} of {len(rated)} within {tolerance:.0%}" + (f" (worst: {worst['mode']} at N = {worst['N']}, "
-                f"{worst[key]:+.0%})" if worst else ""))
+        return (f"{near} of {len(rated)} within {tolerance:.0%}" + (f" (worst: {worst['model']} {worst['mode']} at "
+                f"N = {worst['N']}, {worst[key]:+.0%})" if worst else ""))
 
     exact = sum(r["bytes exact"] for r in rows)
+    repeats = [x / r["measured s"] - 1 for r in rows for x in r["repeat s"]]
+    floor = (f" The measurements' own spread: {sum(abs(e) <= tolerance for e in repeats)} of {len(repeats)} single "
+             f"repeats lie within {tolerance:.0%} of their median." if repeats else "")
     return (f"Against {len(rows)} measured saves (rank 0): bandwidths alone put {within('bandwidth-only error')}; "
-            f"with a fixed overhead per mode fitted on the other world sizes, {within('with overhead error')}. "
+            f"with this machine's constants fitted on its other saves, {within('fitted error')}.{floor} "
             f"Bytes written: {exact} of {len(rows)} equal the prediction exactly.")

@@ -194,7 +194,7 @@ class CompareWidget:
 
 
 class PlanWidget:
-    """A config, a world size and three bandwidths in; the plan table and its verdict out, on every change."""
+    """A config, a world size, bandwidths and a step latency in; the plan table and its verdict out, on each change."""
 
     def __init__(self, configs: list[str], *, config: str, n: int, bw: Any, dtype: str = "bf16") -> None:
         self.config = w.Dropdown(options=configs, value=config, description="config")
@@ -203,6 +203,7 @@ class PlanWidget:
         self.write = w.FloatText(value=bw.write_gbps, description="write GB/s")
         self.read = w.FloatText(value=bw.read_gbps, description="read GB/s")
         self.net = w.FloatText(value=bw.net_gbps, description="net GB/s")
+        self.latency = w.FloatText(value=bw.step_latency_us, description="step µs")
         self.out = w.Output()
         self.rows: list[dict[str, Any]] = []
         self.sentence = ""  # what the panel shows under the table (kept for tests)
@@ -210,7 +211,7 @@ class PlanWidget:
             control.observe(self.refresh, names="value")
 
     def controls(self) -> list[w.Widget]:
-        return [self.config, self.n, self.dtype, self.write, self.read, self.net]
+        return [self.config, self.n, self.dtype, self.write, self.read, self.net, self.latency]
 
     def refresh(self, _change: Any = None) -> None:
         """Plan again from the controls (no launch: arithmetic on the config) and redraw the table."""
@@ -222,7 +223,7 @@ class PlanWidget:
 
         self.out.clear_output(wait=True)
         try:
-            bw = Bandwidths(self.write.value, self.read.value, self.net.value)
+            bw = Bandwidths(self.write.value, self.read.value, self.net.value, self.latency.value)
             self.rows = plan(self.config.value, self.n.value, bw, self.dtype.value)
             self.sentence = verdict(self.rows, bw)
         except UsageError as e:
