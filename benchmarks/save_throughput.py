@@ -137,14 +137,17 @@ def slowest(records: list[dict[str, Any]], mode: str, key: str) -> list[float]:
 def measure(model: str, nproc: int, out: Path, steps: int, save_every: int, dcp_repeats: int) -> dict[str, Any]:
     """The save modes, then the two write limits and the DCP anchors on the same filesystem; every figure and
     ratio."""
-    records = stall.measure_modes(model, nproc, list(stall.SAVE_MODES), out, steps=steps, save_every=save_every)
+    runs_here = [m for m in stall.SAVE_MODES if m not in stall.NEEDS_ACCELERATOR]
+    records, tried = stall.measure_all(model, nproc, runs_here, list(stall.NEEDS_ACCELERATOR), out, steps=steps,
+                                       save_every=save_every)
     sizes = rank_bytes(out / "stall_commit")
     limits = {"o_direct_fsync": disk_limit(out / "limit_direct", sizes, True),
               "buffered_fsync": disk_limit(out / "limit_buffered", sizes, False)}
     result: dict[str, Any] = {"model": model, "nproc": nproc, "checkpoint_bytes": sum(sizes),
                               "limits_mb_s": limits, "modes": {},
+                              "could_not_run": {m: why for m, why in tried.items() if why},
                               "dcp": dcp_anchor(sizes, out / "dcp", dcp_repeats) if dcp_repeats else None}
-    for mode in stall.SAVE_MODES:
+    for mode in dict.fromkeys(r["mode"] for r in records):
         durable = slowest(records, mode, "durable_seconds")
         row = {"stall_s": statistics.median(slowest(records, mode, "stall_seconds")),
                "durable_s": statistics.median(durable) if durable else None,
@@ -183,6 +186,7 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| {name} (anchor) | {stall_s:.3f} | {stall_s / r['modes']['commit']['stall_s']:.2f} | "
                          f"{durable_s:.3f} | {mb_s:.0f} | {fmt(direct, '.2f')} | "
                          f"{mb_s / limits['buffered_fsync']:.2f} | - |")
+    lines += [f"| {mode} | could not run here: {why} |" + " |" * 6 for mode, why in r["could_not_run"].items()]
     return "\n".join(lines)
 
 

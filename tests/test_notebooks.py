@@ -27,9 +27,11 @@ MATRIX = [
     ("06", {"NPROC": 1}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
             "NODE_STEPS": 4}),
-    ("08", {"NPROC": 3, "MODEL": "tiny", "STEPS": 9, "SAVE_EVERY": 3, "SAVE_MODES": ["commit", "async"]}),
+    ("08", {"NPROC": 3, "MODEL": "tiny", "STEPS": 9, "SAVE_EVERY": 3, "SAVE_MODES": ["commit", "async", "ds_decoupled"],
+            "TRY_MODES": []}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
-            "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0}),
+            "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0,
+            "STEP_LATENCY_US": 8.0}),
 ]
 
 
@@ -77,7 +79,7 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         modes = parameters.get("MODES", list(compare.MODES))
         records = compare.select(compare.load_records(runs), "tiny", sizes, modes, threshold)
         assert claims.agreement_verdict(compare.agreement(records)) in text
-        save_modes = parameters.get("SAVE_MODES", stall.SAVE_MODES)
+        save_modes = {**parameter_defaults(BY_PREFIX["05"]), **parameters}["SAVE_MODES"]
         saves = [r for m in save_modes for r in stall.run_records(runs / f"stall_{m}", m)]
         assert stall.stall_sentence(stall.summary(saves)) in text
     if prefix == "07":
@@ -87,15 +89,16 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         assert claims.reshard_sentence(claims.reshard_rows(base, resumed)) in text
         assert all(r.data["global_batch"] == parameters.get("GLOBAL_BATCH", 16) for r in [base, *resumed.values()])
     if prefix == "08":
-        modes = parameters.get("SAVE_MODES", list(stall.SAVE_MODES))
+        modes = {**parameter_defaults(BY_PREFIX["08"]), **parameters}["SAVE_MODES"]
         saves = [r for m in modes for r in stall.run_records(runs / f"stall_{m}", m)]
         assert stall.stall_sentence(stall.summary(saves)) in text
+        assert stall.decoupled_sentence(saves) in text
         loaded = stall.load_runs(runs, modes)
         assert stall.memory_sentence(stall.memory_rows(loaded)) in text
         assert stall.overlap_sentence(stall.step_rows(loaded)) in text
     if prefix == "09":
         get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
-        bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"))
+        bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"))
         n = get("NODES") * get("GPUS_PER_NODE")
         assert planning.verdict(planning.plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
                                 bw) in text

@@ -17,6 +17,28 @@ def test_steps_lose_the_stall_and_are_marked_while_a_save_is_written():
     assert stall.step_seconds(rank) == [(1.0, False), (1.0, True), (1.0, True)]
 
 
+def test_a_later_steps_wait_for_a_decoupled_writer_is_stall_and_leaves_that_step():
+    # steps start at 0, 1, 2.5, 3.9; a save at 2.0 stalls until 2.5 (DeepSpeed queues the state for its writer
+    # process), then the step from 2.5 waits 0.4 s at 2.6 for the writer to finish: three 1-second steps
+    decoupled = save("global_step2", 2.0, 0.5, None) | {"commit_wait_at": 2.6, "commit_wait_seconds": 0.4}
+    rank = {"step_starts": [0.0, 1.0, 2.5, 3.9], "saves": [decoupled]}
+    assert stall.step_seconds(rank) == [(1.0, False), (1.0, False), pytest.approx((1.0, False))]
+    record = stall.save_record("ds_decoupled", 0, decoupled)
+    assert record["stall_seconds"] == pytest.approx(0.9) and record["later_wait_seconds"] == 0.4
+    row = stall.summary([record])[0]
+    assert row["of which a later step waited s"] == 0.4 and row["median durable s"] == stall.NEVER
+
+
+@pytest.mark.parametrize("message, line", [
+    ("job 'train' failed (exit code 1)\n--- last lines of rank 0 ---\n[rank0]: Traceback (most recent call last):\n"
+     "[rank0]: KeyError: 'CROSS_SIZE'\n--- last lines of rank 1 ---\nRuntimeError: gloo: connection closed",
+     "RuntimeError: gloo: connection closed"),
+    ("job 'train' timed out after 5 s", "job 'train' timed out after 5 s"),
+])
+def test_a_failed_launch_is_told_in_its_last_exception_line(message, line):
+    assert stall.failure_line(message) == line
+
+
 def test_summary_and_sentences_follow_the_records():
     records = [stall.save_record("plain", 0, save("a", 0, 0.1, None)),
                stall.save_record("commit", 0, save("a", 0, 0.4, 0.4)),

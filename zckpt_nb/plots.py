@@ -232,7 +232,7 @@ def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: st
 
 
 def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, tolerance: float = 0.25) -> Figure:
-    """Predicted against measured seconds on log axes, bandwidths only and with the fitted overhead, with y = x."""
+    """Predicted against measured seconds on log axes, from bandwidths alone and fitted, with y = x; misses named."""
     fig, ax = plt.subplots(figsize=(7, 5))
     measured = [r["measured s"] for r in rows]
     lo, hi = min(measured) / 3, max(measured) * 3
@@ -240,11 +240,13 @@ def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, toleranc
     ax.plot(xs, xs, color="black", lw=1, label="predicted = measured")
     ax.fill_between(xs, [x * (1 - tolerance) for x in xs], [x * (1 + tolerance) for x in xs], color="grey",
                     alpha=0.2, label=f"within {tolerance:.0%}")
-    for key, marker in (("bandwidth-only s", "o"), ("with overhead s", "^")):
+    for key, marker, label in (("bandwidth-only s", "o", "bandwidths alone"),
+                               ("fitted s", "^", "this machine's constants, fitted on the other saves")):
         pts = [(r["measured s"], r[key]) for r in rows if r[key] is not None]
-        ax.scatter(*zip(*pts), marker=marker, label=key.replace(" s", ""))
+        ax.scatter(*zip(*pts), marker=marker, label=label)
     for r in rows:
-        ax.annotate(f"{r['mode']} N={r['N']}", (r["measured s"], r["bandwidth-only s"]), fontsize=6)
+        if r["fitted s"] is not None and abs(r["fitted error"]) > tolerance:
+            ax.annotate(f"{r['model']} {r['mode']} N={r['N']}", (r["measured s"], r["fitted s"]), fontsize=6)
     ax.set(title=title, xlabel="measured seconds, rank 0 (s)", ylabel="predicted seconds (s)", xscale="log",
            yscale="log")
     ax.legend(fontsize=8)
@@ -292,7 +294,9 @@ def plot_save_timeline(runs: dict[str, dict], *, title: str, caption: str) -> Fi
             saves = rank["saves"]
             ax.broken_barh([(0, rank["loop_seconds"])], (y - 0.25, 0.5), color="lightgray")
             ax.vlines(rank["step_starts"], y - 0.25, y + 0.25, color="dimgray", lw=0.6)
-            ax.broken_barh([(s["started_at"], s["stall_seconds"]) for s in saves], (y - 0.25, 0.5), color="tab:red")
+            stalls = [(s["started_at"], s["stall_seconds"]) for s in saves]  # and a later step's wait (decoupled)
+            stalls += [(s["commit_wait_at"], s["commit_wait_seconds"]) for s in saves if "commit_wait_at" in s]
+            ax.broken_barh(stalls, (y - 0.25, 0.5), color="tab:red")
             ax.broken_barh([(s["started_at"], s["durable_seconds"]) for s in saves if s["durable_seconds"]],
                            (y - 0.42, 0.12), color="tab:orange")
         ax.set_yticks(range(len(run["ranks"])), [f"rank {r['rank']}" for r in run["ranks"]])

@@ -8,11 +8,13 @@ fsyncs). The asynchronous mode also records the snapshot it holds in memory unti
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-SAVE_MODES = ("plain", "commit", "async")
+SAVE_MODES = ("plain", "commit", "async", "ds_python", "ds_decoupled", "ds_fast")  # ds_*: `zckpt_nb.engines`
+NEEDS_ACCELERATOR = ("ds_fast",)  # FastPersist's writer: pinned buffers and async I/O, refused on CPU ranks
 NEVER = "never (no fsync)"  # the time to durable of a mode that does not fsync
 NONE = "-"  # no step of that kind
 
@@ -20,7 +22,8 @@ NONE = "-"  # no step of that kind
 def save_record(mode: str, rank: int, save: dict[str, Any]) -> dict[str, Any]:
     """One save of one rank, from run.json, with the mode that made it."""
     return {"mode": mode, "rank": rank, "tag": save["tag"], "committed": save["committed"],
-            "stall_seconds": save["stall_seconds"], "durable_seconds": save["durable_seconds"],
+            "stall_seconds": save["stall_seconds"] + save.get("commit_wait_seconds", 0.0),
+            "later_wait_seconds": save.get("commit_wait_seconds", 0.0), "durable_seconds": save["durable_seconds"],
             "snapshot_bytes": save.get("snapshot_bytes", 0)}
 
 
@@ -48,6 +51,36 @@ def measure_modes(model: str, nproc: int, modes: list[str], out_dir: str | Path,
     return records
 
 
+def measure_all(model: str, nproc: int, modes: list[str], tries: list[str], out_dir: str | Path, *, steps: int = 8,
+                save_every: int = 4) -> tuple[list[dict[str, Any]], dict[str, str | None]]:
+    """`measure_modes` for `modes`; then each of `tries` once, bounded: it joins the records if it ran, else its
+    error line is kept. Returns (records, {tried mode: None or why it could not run})."""
+    records = measure_modes(model, nproc, modes, out_dir, steps=steps, save_every=save_every)
+    tried = {m: attempt(model, nproc, m, out_dir, steps=steps, save_every=save_every) for m in tries}
+    records += [r for m, why in tried.items() if why is None for r in run_records(Path(out_dir) / f"stall_{m}", m)]
+    return records, tried
+
+
+def attempt(model: str, nproc: int, mode: str, out_dir: str | Path, *, steps: int = 4, save_every: int = 2,
+            timeout: float = 300.0) -> str | None:
+    """Run one save mode's launch (bounded by `timeout`); None if it ran, else the line that says why it failed."""
+    from zckpt_nb.launch import LaunchError, fresh_dir, launch
+
+    try:
+        launch(nproc, steps, fresh_dir(Path(out_dir) / f"stall_{mode}"), save_every=save_every, model=model,
+               extra=["--save_mode", mode], verbose=False, progress=False, timeout=timeout)
+    except LaunchError as e:
+        return failure_line(str(e))
+    return None
+
+
+def failure_line(message: str) -> str:
+    """The last exception line the ranks printed (`SomeError: ...`), else the launcher's first line."""
+    found = [line.split("] ", 1)[-1].strip() for line in message.splitlines()
+             if re.search(r"\b\w*(Error|Exception)\b: ", line)]
+    return found[-1] if found else message.splitlines()[0]
+
+
 def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per mode: the median stall and time to durable over its saves and ranks, and its largest snapshot."""
     rows = []
@@ -56,6 +89,7 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         durable = [r["durable_seconds"] for r in group if r["durable_seconds"] is not None]
         rows.append({"mode": mode, "saves x ranks": len(group),
                      "median stall s": round(median(r["stall_seconds"] for r in group), 4),
+                     "of which a later step waited s": round(median(r["later_wait_seconds"] for r in group), 4),
                      "median durable s": round(median(durable), 4) if durable else NEVER,
                      "largest snapshot MiB": round(max(r["snapshot_bytes"] for r in group) / 2**20, 2)})
     return rows
@@ -71,6 +105,20 @@ def stall_sentence(rows: list[dict[str, Any]]) -> str:
               for r in rows if r["largest snapshot MiB"]]
     return (f"Medians over every save and rank: {'; '.join(parts)}. Least stall: {least['mode']}."
             + "".join(f" The price: {m}." for m in memory))
+
+
+def decoupled_sentence(records: list[dict[str, Any]]) -> str:
+    """Where DeepSpeed's decoupled engine's stall goes: the save call, then a later step waiting for its writer."""
+    mine = [r for r in records if r["mode"] == "ds_decoupled"]
+    if not mine:
+        return "DeepSpeed's decoupled engine was not among the modes run."
+    call = median(r["stall_seconds"] - r["later_wait_seconds"] for r in mine)
+    wait, total = median(r["later_wait_seconds"] for r in mine), median(r["stall_seconds"] for r in mine)
+    plain = [r["stall_seconds"] for r in records if r["mode"] == "plain"]
+    return (f"DeepSpeed's decoupled engine returned from the save call after a median {call:.3f} s, then a later "
+            f"step waited {wait:.3f} s for its writer process: training stopped {total:.3f} s per save"
+            + (f", {total / median(plain):.2f}x DeepSpeed's plain save" if plain else "")
+            + ", and nothing it wrote was fsynced.")
 
 
 def load_runs(out_dir: str | Path, modes: list[str]) -> dict[str, dict[str, Any]]:
@@ -111,7 +159,8 @@ def step_seconds(rank: dict[str, Any]) -> list[tuple[float, bool]]:
     saves, starts = rank["saves"], rank["step_starts"]
     steps = []
     for begin, end in zip(starts, starts[1:]):
-        stalled = sum(s["stall_seconds"] for s in saves if begin <= s["started_at"] < end)
+        stalled = sum(s["stall_seconds"] for s in saves if begin <= s["started_at"] < end) + sum(
+            s["commit_wait_seconds"] for s in saves if begin <= s.get("commit_wait_at", -1) < end)
         writing = any(s["durable_seconds"] and s["started_at"] + s["stall_seconds"] < end
                       and begin < s["started_at"] + s["durable_seconds"] for s in saves)
         steps.append((end - begin - stalled, writing))

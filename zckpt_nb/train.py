@@ -26,6 +26,7 @@ from zckpt_nb import (
     checkpoint,
     commit,
     consolidate,
+    engines,
     lifeline,
     measure,
     nodes,
@@ -76,7 +77,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--collective_timeout", type=float, default=None,
                         help="seconds a collective may wait for the other ranks "
                              "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
-    parser.add_argument("--save_mode", default="commit", choices=["commit", "async", "plain", "rank0_only"],
+    parser.add_argument("--save_mode", default="commit",
+                        choices=["commit", "async", "plain", "rank0_only", *engines.WRITERS],
                         help="commit: the commit protocol; async: snapshot, then write and commit in the "
                              "background (zckpt_nb.async_save); plain: DeepSpeed's save alone (benchmark baseline); "
                              "rank0_only: the seed's hanging snippet (notebook 06)")
@@ -199,7 +201,7 @@ def save(args: argparse.Namespace, engine: Any, tokenizer: Any, step: int, ident
     tag = f"global_step{step}"
     if saver:
         return saver.save(tag, state, step, checkpoint.folder_preparation(engine, tokenizer, args.output_dir, tag))
-    if args.save_mode == "plain":
+    if args.save_mode == "plain" or args.save_mode in engines.WRITERS:
         return patterns.save_plain(engine, args.output_dir, tag, state)
     if args.save_mode == "rank0_only":
         return patterns.save_rank0_only(engine, tokenizer, args.output_dir, tag, state,
@@ -222,7 +224,8 @@ def report_failed_save(outcome: Any, args: argparse.Namespace) -> None:
 class SaveLog:
     """This rank's saves for run.json: each record, with how long it stopped training and how long until durable.
 
-    `stall_seconds` runs from the save call to the start of the next step (or the end of the loop);
+    `stall_seconds` runs from the save call to the start of the next step (or the end of the loop); a save by
+    DeepSpeed's decoupled engine also stops a later step for `commit_wait_seconds` (from `commit_wait_at`);
     `durable_seconds` from the save call to the moment every rank knows the commit is on disk (None when the mode
     never makes it durable, or the save failed). `started_at`, `step_starts` and `loop_seconds` (its end) are seconds
     since the training loop began on this rank (the timeline of notebook 08).
@@ -252,6 +255,11 @@ class SaveLog:
             record, start = self._stalled
             record["stall_seconds"] = time.perf_counter() - start
             self._stalled = None
+
+    def add_waits(self, waits: list[tuple[float, float]]) -> None:
+        """A later step (or the run's end) waited for the last save: DeepSpeed's decoupled writer finishing it."""
+        for start, seconds in waits if self.saves else []:
+            self.saves[-1].update(commit_wait_at=start - self.loop_start, commit_wait_seconds=seconds)
 
     def add(self, outcome: Any, start: float, durable: bool, cost: dict[str, Any]) -> None:
         """A save called at `start` returned; `durable`: once committed it is on disk (not DeepSpeed's plain save).
@@ -384,8 +392,11 @@ def train(argv: list[str] | None = None) -> None:
                        comms_logger=bool(saving),  # its per-op byte counts give each save's collective bytes
                        persistence_threshold=args.persistence_threshold, load_universal=universal is not None,
                        node_local_storage=args.node_local_storage)
+    config["checkpoint"].update(engines.writer_section(args.save_mode))  # DeepSpeed's own writers, by config
+    engines.set_launcher_env()
     model, _hf_ds_config = (build_model if args.init == "hf" else build_model_bare)(args.model, config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    commits = engines.time_commits(engine) if args.save_mode in engines.WRITERS else None
     held, num_params = held_elements(engine.module), count_params(engine.module)
     print(f"rank {rank}/{world} on {device} ({backend}): holds {held['owned'] + held['persistent']:,} parameter "
           f"elements of {num_params:,}: its own slices, {held['owned']:,}, plus {held['persistent_tensors']} "
@@ -411,7 +422,11 @@ def train(argv: list[str] | None = None) -> None:
                                            seq_len=preset.seq_len)
         steps.append(step)
         lrs.append(engine.get_lr()[0])  # the LR this step trains with (the scheduler stepped after the last one)
+        if commits:
+            commits.take()  # commits inside a save call are in its measured time already
         losses.append(train_step(engine, batch, share, world, device))
+        if commits:
+            log.add_waits(commits.take())  # this step waited for a decoupled save's writer
         if rank == 0:  # the launcher parses these lines for its progress bar
             print(f"step {step + 1}/{args.steps} loss {losses[-1]:.4f}", flush=True)
         done = step + 1
@@ -423,6 +438,10 @@ def train(argv: list[str] | None = None) -> None:
                 device=device)
             log.add(outcome, start, durable=args.save_mode in ("commit", "async"), cost=cost.to_dict())
     log.stall_ends(step_starts=False)
+    if commits and commits.is_decoupled():  # its writer finishes the last save (DeepSpeed writes no `latest` for it)
+        commits.take()
+        commits.cleanup()
+        log.add_waits(commits.take())
     log.settle(saver.finish() if saver else None)  # the last save commits before the run ends
 
     placeholders = state_dict_placeholders(engine.module)  # right after training, before any route gathers

@@ -1,0 +1,55 @@
+"""DeepSpeed's own checkpoint engines as save modes under torchrun: real 2-rank runs, what they write, their stall."""
+
+import os
+
+import pytest
+
+from zckpt_nb import engines, stall, verify
+from zckpt_nb.launch import launch
+
+
+def test_the_launcher_variables_are_set_as_deepspeeds_launcher_would(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    assert engines.launcher_env() == {"CROSS_RANK": "1", "CROSS_SIZE": "2"}
+    monkeypatch.delenv("CROSS_RANK", raising=False)
+    monkeypatch.setenv("CROSS_SIZE", "7")  # as if DeepSpeed's own launcher had started this rank
+    engines.set_launcher_env()
+    assert os.environ["CROSS_RANK"] == "1" and os.environ["CROSS_SIZE"] == "7"
+
+
+def test_only_deepspeeds_writers_get_a_writer_section():
+    assert engines.writer_section("ds_decoupled") == {"writer": {"type": "python", "decoupled": True}}
+    assert engines.writer_section("commit") == {}
+
+
+@pytest.mark.parametrize("mode", ["ds_python", "ds_decoupled"])
+def test_deepspeeds_engines_save_under_torchrun(mode, tmp_path):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    run = launch(2, 4, tmp_path / mode, save_every=2, model="tiny", extra=["--save_mode", mode], verbose=False,
+                 progress=False, timeout=300)
+    saves = stall.run_records(run.output_dir, mode)
+    assert [(s["rank"], s["tag"]) for s in saves] == [(0, "global_step2"), (0, "global_step4"),
+                                                      (1, "global_step2"), (1, "global_step4")]
+    assert all(s["durable_seconds"] is None for s in saves)  # nothing is fsynced
+    for tag in ("global_step2", "global_step4"):  # every file complete: DeepSpeed's own converter reads them
+        weights = get_fp32_state_dict_from_zero_checkpoint(str(run.output_dir), tag=tag)
+        assert sum(t.numel() for t in {id(t): t for t in weights.values()}.values()) == run.num_params
+    waited = [s for s in saves if s["later_wait_seconds"] > 0]
+    if mode == "ds_decoupled":  # the step after a save, and the run's end, waited for the writer process
+        assert len(waited) == 4 and all(s["stall_seconds"] > s["later_wait_seconds"] for s in waited)
+        assert verify.latest_name(run.output_dir) == "global_step2"  # DeepSpeed writes no `latest` for the last one
+    else:
+        assert not waited and verify.latest_name(run.output_dir) == "global_step4"
+
+
+def test_fastpersists_writer_is_tried_and_its_error_told_in_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the fast writer may run: this checks the CPU-only answer")
+    line = stall.attempt("tiny", 2, "ds_fast", tmp_path, steps=2, save_every=1, timeout=300)
+    assert line == "RuntimeError: Cannot access accelerator device when none is available."
+    assert not (tmp_path / "stall_ds_fast" / "latest").exists()
