@@ -57,18 +57,20 @@ class TimedCommits:
     def __getattr__(self, name: str) -> Any:  # save, create, load, is_decoupled, ...: DeepSpeed's engine
         return getattr(self.inner, name)
 
-    def commit(self, info: Any) -> Any:
+    def timed(self, call: Any, *args: Any) -> Any:
+        """Run one of the engine's calls, recording when it started and how long it blocked."""
         start = time.perf_counter()
         try:
-            return self.inner.commit(info)
+            return call(*args)
         finally:
             self.waits.append((start, time.perf_counter() - start))
 
+    def commit(self, info: Any) -> Any:
+        return self.timed(self.inner.commit, info)
+
     def cleanup(self) -> None:
-        """The decoupled engine's last commit (its writer finishes), timed like the others."""
-        start = time.perf_counter()
-        self.inner.cleanup()
-        self.waits.append((start, time.perf_counter() - start))
+        """The decoupled engine's last commit (its writer finishes and exits), timed like the others."""
+        self.timed(self.inner.cleanup)
 
     def take(self) -> list[tuple[float, float]]:
         """(perf_counter start, seconds) of the commits since the last call."""

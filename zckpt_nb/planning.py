@@ -348,9 +348,9 @@ def predicted(row: dict[str, Any], constants: dict[str, float]) -> float:
 def calibration(records: list[dict[str, Any]], bw: Bandwidths) -> list[dict[str, Any]]:
     """Rank 0 of each measured save: its seconds predicted from `bw` alone, and from this machine's constants.
 
-    The constants (a fixed cost per mode, seconds per byte written, read and received, per ring step) are fitted on
-    the machine's *other* saves (leave one out), so no record is predicted from a fit that saw it. Records are
-    fitted per machine (their `machine` field).
+    The constants (`features`: per mode a fixed cost and seconds per byte written and read; seconds per byte
+    received and per ring step) are fitted on the machine's *other* saves (leave one out), so no record is predicted
+    from a fit that saw it. Records are fitted per machine (their `machine` field); too few: no fitted figure.
     """
     rows = []
     for r in (r for r in records if r["rank"] == 0):
