@@ -182,6 +182,12 @@ def test_calibration_recovers_known_constants_leaving_each_save_out():
     assert planning.cpu_share(part4) == 2 and planning.cpu_share({**part4, "mode": "offline"}) == 1
     sentence = planning.calibration_sentence(rows)
     assert "fitted on its other saves, 35 of 35 within 25%" in sentence
+    elsewhere = [{**r, "machine": "a laptop"} for r in records[:5]]  # too few saves there to fit 12 constants
+    rows = planning.calibration(records + elsewhere, Bandwidths(1, 1, 1))
+    assert [r["fitted s"] for r in rows[-5:]] == [None] * 5
+    sentence = planning.calibration_sentence(rows)
+    assert "other saves, 35 of 35 within 25%" in sentence and "Against 40 measured saves" in sentence
+    assert "(5 saves of a machine with too few of them to fit have no fitted figure)" in sentence
 
 
 def test_a_term_that_would_fit_below_zero_is_dropped():

@@ -405,6 +405,8 @@ def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) ->
     repeats = [x / r["measured s"] - 1 for r in rows for x in r["repeat s"]]
     floor = (f" The measurements' own spread: {sum(abs(e) <= tolerance for e in repeats)} of {len(repeats)} single "
              f"repeats lie within {tolerance:.0%} of their median." if repeats else "")
+    unfitted = sum(r["fitted error"] is None for r in rows)
+    few = f" ({unfitted} saves of a machine with too few of them to fit have no fitted figure)" if unfitted else ""
     return (f"Against {len(rows)} measured saves (rank 0): bandwidths alone put {within('bandwidth-only error')}; "
-            f"with this machine's constants fitted on its other saves, {within('fitted error')}.{floor} "
+            f"with this machine's constants fitted on its other saves, {within('fitted error')}{few}.{floor} "
             f"Bytes written: {exact} of {len(rows)} equal the prediction exactly.")
