@@ -81,7 +81,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         choices=["commit", "async", "plain", "rank0_only", *engines.WRITERS],
                         help="commit: the commit protocol; async: snapshot, then write and commit in the "
                              "background (zckpt_nb.async_save); plain: DeepSpeed's save alone (benchmark baseline); "
-                             "rank0_only: the seed's hanging snippet (notebook 06)")
+                             "rank0_only: the seed's hanging snippet (notebook 06); ds_python, ds_decoupled, ds_fast: "
+                             "DeepSpeed's own checkpoint engines, no manifest or commit (zckpt_nb.engines)")
     parser.add_argument("--save_16bit", action="store_true",
                         help="after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
     parser.add_argument("--save_gathered", action="store_true",
