@@ -38,17 +38,22 @@ def run_records(run_dir: str | Path, mode: str) -> list[dict[str, Any]]:
 def measure_modes(model: str, nproc: int, modes: list[str], out_dir: str | Path, *, steps: int = 8,
                   save_every: int = 4, progress: bool = False) -> list[dict[str, Any]]:
     """One launch per save mode into OUT_DIR/stall_<mode>; one record per (mode, rank, save)."""
-    from zckpt_nb.launch import UsageError, fresh_dir, launch
+    from zckpt_nb.launch import UsageError
 
     unknown = [m for m in modes if m not in SAVE_MODES]
     if unknown or not modes:
         raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(SAVE_MODES)}")
-    records = []
-    for mode in modes:
-        run = launch(nproc, steps, fresh_dir(Path(out_dir) / f"stall_{mode}"), save_every=save_every, model=model,
-                     extra=["--save_mode", mode], verbose=False, progress=progress)
-        records += run_records(run.output_dir, mode)
-    return records
+    return [r for mode in modes for r in run_records(launch_mode(model, nproc, mode, out_dir, steps=steps,
+                                                                 save_every=save_every, progress=progress), mode)]
+
+
+def launch_mode(model: str, nproc: int, mode: str, out_dir: str | Path, *, steps: int, save_every: int,
+                progress: bool = False, timeout: float | None = None) -> Path:
+    """One training launch with `--save_mode mode` into a fresh OUT_DIR/stall_<mode>; that folder."""
+    from zckpt_nb.launch import fresh_dir, launch
+
+    return launch(nproc, steps, fresh_dir(Path(out_dir) / f"stall_{mode}"), save_every=save_every, model=model,
+                  extra=["--save_mode", mode], verbose=False, progress=progress, timeout=timeout).output_dir
 
 
 def measure_all(model: str, nproc: int, modes: list[str], tries: list[str], out_dir: str | Path, *, steps: int = 8,
@@ -64,11 +69,10 @@ def measure_all(model: str, nproc: int, modes: list[str], tries: list[str], out_
 def attempt(model: str, nproc: int, mode: str, out_dir: str | Path, *, steps: int = 4, save_every: int = 2,
             timeout: float = 300.0) -> str | None:
     """Run one save mode's launch (bounded by `timeout`); None if it ran, else the line that says why it failed."""
-    from zckpt_nb.launch import LaunchError, fresh_dir, launch
+    from zckpt_nb.launch import LaunchError
 
     try:
-        launch(nproc, steps, fresh_dir(Path(out_dir) / f"stall_{mode}"), save_every=save_every, model=model,
-               extra=["--save_mode", mode], verbose=False, progress=False, timeout=timeout)
+        launch_mode(model, nproc, mode, out_dir, steps=steps, save_every=save_every, timeout=timeout)
     except LaunchError as e:
         return failure_line(str(e))
     return None
