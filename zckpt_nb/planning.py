@@ -308,14 +308,15 @@ def cpu_share(record: dict[str, Any]) -> float:
     return max(1.0, record["world_size"] / cpus) if cpus and record["mode"] in ON_ALL_RANKS else 1.0
 
 
-def features(record: dict[str, Any]) -> dict[str, float]:
+def features(record: dict[str, Any], pred: Prediction | None = None) -> dict[str, float]:
     """A measured save as the terms its seconds are fitted from: its mode's fixed cost and bytes, what it moves.
 
     Each mode has its own writer (the committed save's hashed O_DIRECT writes, `torch.save` through the page cache,
     safetensors), so each gets its own fixed cost and its own seconds per byte written and read. Work done by the
     CPU takes `cpu_share` times as long when ranks share cores; the collectives' bytes and ring steps are waits.
+    `pred`: the record's prediction, when the caller has it already.
     """
-    pred = predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
+    pred = pred or predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
     mode, q, share = record["mode"], quantities(pred, record["mode"]), cpu_share(record)
     mine = {m: share * (m == mode) for m in MODE_KEYS}
     return {**{f"fixed {m}": v for m, v in mine.items()},
@@ -358,7 +359,7 @@ def calibration(records: list[dict[str, Any]], bw: Bandwidths) -> list[dict[str,
         rows.append({"machine": r.get("machine", "?"), "model": r["model"], "mode": r["mode"], "N": r["world_size"],
                      "measured s": r["seconds"], "repeat s": r.get("repeat_seconds", []),
                      "bandwidth-only s": sum(time_terms(pred, bw)[r["mode"]].values()),
-                     "bytes exact": r["predicted_bytes"] == r["measured_payload_bytes"], "features": features(r)})
+                     "bytes exact": r["predicted_bytes"] == r["measured_payload_bytes"], "features": features(r, pred)})
     for i, row in enumerate(rows):
         others = [o for j, o in enumerate(rows) if j != i and o["machine"] == row["machine"]]
         row["fitted s"] = predicted(row, fit(others)) if enough([row, *others]) else None

@@ -19,13 +19,13 @@ import contextlib
 import ctypes
 import io
 import json
-import mmap
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from zckpt_nb.launch import UsageError
+from zckpt_nb.writers import PAGE
 
 WEIGHTS_PATTERN = "model{suffix}.safetensors"  # transformers' names: model.safetensors, model-00001-of-00003...
 INDEX = "model.safetensors.index.json"
@@ -33,7 +33,6 @@ SAFETENSORS_DTYPES = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfl
                       "torch.float64": "F64", "torch.int64": "I64", "torch.int32": "I32", "torch.bool": "BOOL",
                       "torch.uint8": "U8"}
 STEP = 2**20  # bytes written, then released from memory, at a time
-PAGE = mmap.PAGESIZE
 AROUND = 2**20  # pages either side of a written range also released (the kernel maps some around each fault)
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 LIBC = ctypes.CDLL(None)  # this process's C library (madvise), loaded once: drop_pages runs for every MiB written
