@@ -210,3 +210,16 @@ def test_a_lock_this_host_cannot_judge_is_refused_and_kept(tmp_path, content, me
     with pytest.raises(lock.FolderInUse, match=re.escape(message)):
         lock.take(tmp_path)
     assert (tmp_path / lock.LOCK).read_text() == content
+
+
+def test_a_log_that_cannot_be_written_is_reported_and_hides_nothing(tmp_path, capsys):
+    """A full disk at the job's end (the log goes into the output folder) must not mask the job's own outcome."""
+    from zckpt_nb import faults
+    from zckpt_nb.launch import keep_log
+
+    with faults.tmpfs(tmp_path / "ro", "ro,size=1m") as why:
+        if why:
+            pytest.skip(why)
+        keep_log(tmp_path / "ro" / "run.log", ["rank0: done"])
+    err = capsys.readouterr().err
+    assert "could not write the job's log" in err and "Read-only file system" in err

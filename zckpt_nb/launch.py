@@ -232,6 +232,14 @@ def tails(per_rank: dict[str, deque]) -> str:
     return "\n".join(f"--- last lines of {who} ---\n" + "\n".join(lines) for who, lines in sorted(per_rank.items()))
 
 
+def keep_log(path: Path, log: list[str]) -> None:
+    """Write the job's output to `path`; a full or read-only disk is reported, never hides the job's own outcome."""
+    try:
+        path.write_text("\n".join(log) + "\n")
+    except OSError as e:
+        print(f"zckpt_nb: could not write the job's log to {path}: {e}", file=sys.stderr)
+
+
 def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, name: str,
                   log_path: Path | None = None, verbose: bool = True, progress: bool = True,
                   on_line: Callable[[str, str], None] | None = None,
@@ -269,7 +277,7 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
             if proc.poll() is None:  # KeyboardInterrupt or any other exit path: leave no orphan rank
                 kill_tree(proc)
             if log_path is not None and log_path.parent.is_dir():
-                log_path.write_text("\n".join(log) + "\n")
+                keep_log(log_path, log)
     if proc.returncode != 0:
         raise LaunchError(f"job '{name}' failed (exit code {proc.returncode})\n" + tails(per_rank))
     return log, time.monotonic() - start
