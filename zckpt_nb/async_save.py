@@ -4,10 +4,11 @@ Every rank runs the same calls, with the same collectives, at the same step boun
 
 1. the save call (`AsyncSaver.save`): the commit protocol's preflight (`commit.agreed_preflight`: folder, tokenizer,
    free space), then DeepSpeed's own `save_checkpoint` with `SnapshotWriter` as its checkpoint engine. DeepSpeed
-   builds its usual state dicts and hands each to the engine's `save`; the writer runs DeepSpeed's own `torch.save`
-   on it into memory. Those bytes are the snapshot: exactly the file DeepSpeed would write, which later optimizer
-   steps can no longer change. Training resumes as soon as both of this rank's files are in memory;
-2. a background thread writes the bytes to their files, fsyncs and hashes them (SHA-256), then frees them;
+   builds its usual state dicts and hands each to the engine's `save`; the writer keeps a host copy of it
+   (`snapshot.host_copy`): the state DeepSpeed would write, which later optimizer steps can no longer change.
+   Training resumes as soon as both of this rank's state dicts are copied;
+2. a background thread runs DeepSpeed's own `torch.save` on each copy into its file, exactly as the committed save
+   does (`writers.DirectFile`: O_DIRECT, SHA-256 on the side, fsync), then frees it;
 3. the same thread then runs the commit protocol's agreement and commit (`commit.agree_and_commit`: manifest, then
    `latest`; then `--keep_last`) on a gloo process group of its own, made for it when training starts: the ranks'
    writer threads meet there as soon as every one is done, while training goes on with its collectives on the
@@ -18,19 +19,18 @@ At most one save is in flight: the next save call, and the end of training, firs
 wait is the next save's stall. Until the commit, `latest` names the previous checkpoint, so a
 kill -9 during the background write leaves that one intact and resumable. A failure on any rank (a full disk in
 the background write) comes out of the agreement on every rank, as in the synchronous protocol.
-On GPUs `torch.save` copies each tensor to ordinary host memory, not pinned buffers: simpler, slower to copy.
+On GPUs the copy goes into pinned host memory (`snapshot`).
 """
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import commit, faults, writers
+from zckpt_nb import commit, faults, snapshot
 
 
 @dataclass
@@ -42,54 +42,43 @@ class AsyncOutcome(commit.SaveOutcome):
 
 
 class SnapshotWriter(commit.DeferredErrorWriter):
-    """DeepSpeed's checkpoint engine during an asynchronous save: serialises each file into memory, writes later."""
+    """DeepSpeed's checkpoint engine during an asynchronous save: copies each state dict, serialises it later."""
 
     def __init__(self, inner: Any, rank: int, step: int) -> None:
         super().__init__(inner, rank, step)
-        self.snapshots: list[tuple[Path, memoryview]] = []
+        self.snapshots: list[tuple[Path, Any]] = []
         self.snapshot_bytes = 0
         self.write_seconds = 0.0
         self.done = threading.Event()
 
     def write(self, state_dict: Any, path: Path) -> None:
-        """DeepSpeed's own torch.save into memory: the file's bytes, fixed before training changes the tensors.
-        Without torch's CRC-32, as in commit mode (`writers`): the background write hashes every byte."""
-        buffer = io.BytesIO()
-        with writers.without_crc32():
-            self.inner.save(state_dict, buffer)
-        self.snapshots.append((path, buffer.getbuffer()))
-        self.snapshot_bytes += buffer.getbuffer().nbytes
+        """A host copy of the file's state, fixed before training changes the tensors; serialised in `write_all`."""
+        copied = snapshot.host_copy(state_dict)
+        self.snapshots.append((path, copied))
+        self.snapshot_bytes += snapshot.storage_bytes(copied)
 
     def write_all(self) -> None:
         """The background thread: each snapshot to its file, hashed and fsynced; the first error is kept."""
         start = time.perf_counter()
         try:
-            for path, data in self.snapshots:
+            for path, state in self.snapshots:
                 if self.error:  # an error while snapshotting: nothing of this save is written
                     break
                 if self.written:  # "background": killed between this rank's model and optimizer files
                     faults.maybe("background", self.rank, self.step)
-                self.write_file(path, data)
+                self.write_file(path, state)
         finally:
             self.snapshots.clear()  # the memory goes back as soon as the files are on disk
             self.write_seconds = time.perf_counter() - start
             self.done.set()
 
-    def write_file(self, path: Path, data: memoryview) -> None:
+    def write_file(self, path: Path, state: Any) -> None:
         """One file, hashed and fsynced; an error is kept for the agreement and the partial file removed."""
         try:
-            super().write(data, path)  # DeferredErrorWriter.write: O_DIRECT, hash, fsync; `inner` writes the bytes
+            super().write(state, path)  # DeferredErrorWriter.write: DeepSpeed's torch.save, O_DIRECT, hash, fsync
         except Exception as e:
             self.fail(e, path)
             path.unlink(missing_ok=True)
-
-
-class BytesEngine:
-    """The `inner` engine of the background write: the snapshot already holds the file's bytes."""
-
-    @staticmethod
-    def save(data: memoryview, out: Any) -> None:
-        out.write(data)
 
 
 @dataclass
@@ -134,7 +123,6 @@ class AsyncSaver:
         writer = SnapshotWriter(self.engine.checkpoint_engine, rank, step)
         commit.run_save(self.engine, writer, self.save_dir, tag, state, start)
         snapshot_seconds = time.perf_counter() - start
-        writer.inner = BytesEngine()  # from here on, `inner` writes the snapshot's bytes
         self.flight = InFlight(tag, step, start, need, writer)
         self.flight.thread = threading.Thread(target=self.write_and_commit, args=(self.flight,),
                                               name=f"zckpt-write-{tag}", daemon=True)
