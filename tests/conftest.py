@@ -40,3 +40,10 @@ def procs_mentioning(text: str) -> list[psutil.Process]:
 
 def files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def file_hashes(output_dir: Path, tag: str) -> dict[str, str]:
+    """A committed checkpoint's files and their SHA-256, as its manifest lists them."""
+    from zckpt_nb import verify
+
+    return {f["path"]: f["sha256"] for f in verify.read_manifest(output_dir / tag)["files"]}

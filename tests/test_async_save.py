@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from conftest import file_hashes
 from test_commit import failed_launch, ref_run, run, same_losses, small_disk, verify_cli  # noqa: F401 (a fixture)
 
 from zckpt_nb import checkpoint, verify
@@ -74,13 +75,7 @@ def test_a_full_disk_during_the_background_write_fails_that_save_on_every_rank(t
 
 def test_async_files_are_byte_for_byte_those_of_the_committed_save(async_run, request):
     """The snapshot is a copy of DeepSpeed's state dicts, serialised later: the same files as the synchronous save."""
-    import json
-
     committed = request.getfixturevalue("ref_run")  # test_commit's run: same seed and schedule, --save_mode commit
-
-    def hashes(out: Path, tag: str) -> dict[str, str]:
-        return {f["path"]: f["sha256"] for f in json.loads((out / tag / verify.MANIFEST).read_text())["files"]}
-
     for tag in ("global_step8", "global_step12"):
-        mine, theirs = hashes(async_run.output_dir, tag), hashes(committed.output_dir, tag)
-        assert len(mine) >= 4 and mine == theirs, tag
+        mine = file_hashes(async_run.output_dir, tag)
+        assert len(mine) >= 4 and mine == file_hashes(committed.output_dir, tag), tag

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import file_hashes
 
 from zckpt_nb import checkpoint, consolidate, verify
 from zckpt_nb.export import export
@@ -40,3 +41,13 @@ def test_bf16_export_holds_the_fp32_master_weights(bf16_run, tmp_path):
     weights = consolidate.load_weights(export(bf16_run.output_dir, tmp_path / "hf"))
     assert {str(t.dtype) for t in weights.values()} == {"torch.float32"}
     assert sum(t.numel() for t in weights.values()) == bf16_run.num_params  # lm_head is tied to wte: stored once
+
+
+def test_bf16_async_saves_write_the_committed_saves_files_byte_for_byte(bf16_run, tmp_path):
+    """The asynchronous snapshot copies bf16 parameters and fp32 masters alike: same files, same SHA-256."""
+    run = launch(2, 6, tmp_path / "async", save_every=3, extra=[*BF16, "--save_mode", "async"], verbose=False,
+                 progress=False, timeout=600)
+    assert run.losses == bf16_run.losses and run.data["failed_saves"] == []
+    for tag in ("global_step3", "global_step6"):
+        mine = file_hashes(run.output_dir, tag)
+        assert len(mine) == 4 and mine == file_hashes(bf16_run.output_dir, tag), tag
