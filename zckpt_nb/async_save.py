@@ -75,7 +75,9 @@ class SnapshotWriter(commit.DeferredErrorWriter):
     def write_file(self, path: Path, state: Any) -> None:
         """One file, hashed and fsynced; an error is kept for the agreement and the partial file removed."""
         try:
-            super().write(state, path)  # DeferredErrorWriter.write: DeepSpeed's torch.save, O_DIRECT, hash, fsync
+            # DeferredErrorWriter.write: DeepSpeed's torch.save, O_DIRECT, hash, fsync. Its CRC-32 switch is
+            # process-wide; training runs no torch.save while a save is in flight (at most one), so nothing else sees it
+            super().write(state, path)
         except Exception as e:
             self.fail(e, path)
             path.unlink(missing_ok=True)
