@@ -49,7 +49,6 @@ class SnapshotWriter(commit.DeferredErrorWriter):
         self.snapshots: list[tuple[Path, Any]] = []
         self.snapshot_bytes = 0
         self.write_seconds = 0.0
-        self.done = threading.Event()
 
     def write(self, state_dict: Any, path: Path) -> None:
         """A host copy of the file's state, fixed before training changes the tensors; serialised in `write_all`."""
@@ -70,7 +69,6 @@ class SnapshotWriter(commit.DeferredErrorWriter):
         finally:
             self.snapshots.clear()  # the memory goes back as soon as the files are on disk
             self.write_seconds = time.perf_counter() - start
-            self.done.set()
 
     def write_file(self, path: Path, state: Any) -> None:
         """One file, hashed and fsynced; an error is kept for the agreement and the partial file removed."""
