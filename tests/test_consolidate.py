@@ -59,6 +59,19 @@ def test_peak_rss_sees_a_large_allocation_during_the_block():
     assert cost.comm_bytes == 0 and cost.bytes_written == 0  # no process group: nothing could be communicated
 
 
+def dirty_bytes() -> int:
+    """The kernel's count of page-cache bytes written but not yet on disk."""
+    line = next(x for x in open("/proc/meminfo") if x.startswith("Dirty:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_flush_writes_leaves_no_earlier_write_for_the_next_timed_route(tmp_path):
+    (tmp_path / "buffered").write_bytes(b"x" * 2**26)  # 64 MiB through the page cache, no fsync
+    before = dirty_bytes()
+    measure.flush_writes()
+    assert before >= 2**25 and dirty_bytes() < before - 2**25
+
+
 def test_comm_delta_keeps_only_what_happened_between_snapshots():
     before = {"all_gather_into_tensor": {100: 3}, "barrier": {0: 1}}
     after = {"all_gather_into_tensor": {100: 4, 300: 1}, "barrier": {0: 1}, "broadcast": {64: 1}}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.costs import predict, predicted_for
-from zckpt_nb.measure import MODES
+from zckpt_nb.measure import MODES, flush_writes
 from zckpt_nb.shards import file_bytes
 
 IN_TRAINING_FLAGS = {"gathered16": "--save_16bit", "per_param": "--save_gathered"}
@@ -122,6 +122,7 @@ def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, s
 
     extra = [flag for mode, flag in IN_TRAINING_FLAGS.items() if mode in modes]
     t = persistence_threshold
+    flush_writes()  # the run's partitioned save must not pay for writing back the last world size's files
     run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}_t{t}"), save_checkpoint=True, model=model,
                  extra=extra, timeout=timeout, verbose=verbose, progress=progress, on_line=on_line, stop=stop,
                  persistence_threshold=t)

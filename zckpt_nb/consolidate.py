@@ -97,6 +97,7 @@ def import_converters() -> None:
 def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> measure.SaveCost:
     """Run route 3 and measure it: one process, so rank 0 and no collective bytes (imports are done first)."""
     import_converters()
+    measure.flush_writes()
     return measure.measure("offline", lambda: convert_offline(ckpt_dir, out_dir, tag),
                            written=lambda: measure.files_under(out_dir), read=shard_files(ckpt_dir, tag))
 
@@ -109,6 +110,7 @@ def run_routes(engine: Any, output_dir: str | Path, *, gathered16: bool, per_par
     (a cross-check of the per-save figures; it is collective, so every rank calls it).
     """
     import deepspeed.comm as ds_comm
+    import torch.distributed
 
     routes = [("gathered16", save_gathered16)] * gathered16 + [("per_param", save_per_param)] * per_param
     summarise = bool(routes) and ds_comm.comms_logger.enabled
@@ -117,6 +119,8 @@ def run_routes(engine: Any, output_dir: str | Path, *, gathered16: bool, per_par
     costs = []
     for mode, save in routes:
         folder = Path(output_dir) / mode
+        measure.flush_writes()
+        torch.distributed.barrier()  # every rank's flush is done before any clock starts (not in the comms log)
         cost = measure.measure(mode, partial(save, engine, folder), rank=rank, device=device,
                                written=lambda folder=folder: measure.files_under(folder) if rank == 0 else [])
         costs.append(cost.to_dict())

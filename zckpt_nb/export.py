@@ -226,6 +226,7 @@ def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None
     from zckpt_nb.consolidate import import_converters, shard_files
 
     import_converters()
+    measure.flush_writes()
     return measure.measure("hf", lambda: export(ckpt_dir, out_dir, tag=tag, max_shard_size=max_shard_size,
                                                 overwrite=overwrite),
                            written=lambda: measure.files_under(out_dir), read=shard_files(ckpt_dir, tag))

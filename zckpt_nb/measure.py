@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -224,6 +225,18 @@ def comm_delta(before: dict[str, dict[int, int]] | None,
             delta[op] = {"count": sum(grown.values()), "bytes": sum(size * n for size, n in grown.items()),
                          "max_bytes": max(grown)}
     return delta
+
+
+def flush_writes() -> None:
+    """Write every dirty page back now (`os.sync`), so the route timed next does not pay for earlier files.
+
+    The 16-bit saves, the conversion and the export write through the page cache and return before the disk has
+    their bytes; the kernel writes them back later, in the middle of whatever runs then. On the 2-core development
+    machine that made one repeat of a save take twice as long as the next (docs/planning.md). Every route but the
+    in-training partitioned save calls this before its clock starts: that one's time is training's stall, which
+    pays for whatever the disk is still doing.
+    """
+    os.sync()
 
 
 def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterable[Path]], rank: int = 0,
