@@ -1,10 +1,12 @@
 """The measured saves notebook 09 calibrates its time model on: every mode at several N, repeated, medians kept.
 
-    .venv/bin/python benchmarks/calibration_records.py --repeats 3 --output zckpt_nb/data/measured_cpu_compare.json
+    .venv/bin/python benchmarks/calibration_records.py --repeats 7 --output zckpt_nb/data/measured_cpu_compare.json
 
 Runs `compare` (real ZeRO-3 runs, every save mode, every rank) for each model and world size `--repeats` times, into
 `OUTPUT_DIR/r{i}/compare_{model}` (reused when already there), then keeps, per (model, mode, N, rank), the record
 whose seconds are the median of the repeats: one save's figures, all measured together. Prints the spread.
+Each route but the in-training partitioned save starts after `measure.flush_writes()` (see there). The repeats'
+checkpoints take about 5 GB each; only each `compare.json` is reused, so the rest can be deleted afterwards.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def median_records(runs: list[list[dict]], machine: str) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--output_dir", default="build/bench/calibration")
     parser.add_argument("--output", default="build/bench/calibration/measured_cpu_compare.json")
     parser.add_argument("--machine", default=platform.node(), help="label the records' machine (default: hostname)")

@@ -153,7 +153,8 @@ def test_predicted_collective_calls_are_the_calls_deepspeed_logged():
 
 KNOWN = {"fixed partitioned": 0.02, "fixed gathered16": 0.01, "fixed per_param": 0.01, "fixed offline": 0.15,
          "fixed hf": 0.03, "bytes partitioned": 1 / 0.5e9, "bytes gathered16": 1 / 0.7e9, "bytes per_param": 1 / 0.5e9,
-         "bytes offline": 1 / 2e9, "bytes hf": 1 / 1.3e9, "net": 1 / 1.2e9}  # seconds per save, per byte
+         "bytes offline": 1 / 2e9, "bytes hf": 1 / 1.3e9, "files offline": 1e-3, "files hf": 3e-3,
+         "net": 1 / 1.2e9}  # seconds per save, per byte, per rank file read
 
 
 def synthetic_records(constants: dict[str, float], cpus: int) -> list[dict]:
@@ -182,7 +183,7 @@ def test_calibration_recovers_known_constants_leaving_each_save_out():
     assert planning.cpu_share(part4) == 2 and planning.cpu_share({**part4, "mode": "offline"}) == 1
     sentence = planning.calibration_sentence(rows)
     assert "fitted on its other saves, 35 of 35 within 25%" in sentence
-    elsewhere = [{**r, "machine": "a laptop"} for r in records[:5]]  # too few saves there to fit 12 constants
+    elsewhere = [{**r, "machine": "a laptop"} for r in records[:5]]  # too few saves there to fit 14 constants
     rows = planning.calibration(records + elsewhere, Bandwidths(1, 1, 1))
     assert [r["fitted s"] for r in rows[-5:]] == [None] * 5
     sentence = planning.calibration_sentence(rows)
@@ -199,10 +200,10 @@ def test_a_term_that_would_fit_below_zero_is_dropped():
 
 
 def test_calibration_on_the_shipped_measurements():
-    """Exact bytes; seconds: the fitted constants predict most saves within 25%, far more than bandwidths alone.
+    """Exact bytes; seconds: the fitted constants predict 9 in 10 saves within 25%, far more than bandwidths alone.
 
-    Not every one: on this machine single repeats of one save spread by up to 3x (the sentence gives that floor),
-    and issue 14's goal of every save within 25% is not met; this guards what is.
+    Not every one: on this machine single repeats of one save spread by up to 2.7x (the sentence gives that floor),
+    and issue 14's goal of every save within 25% is not met (46 of 50); this guards what is.
     """
     rows = planning.calibration(planning.measured_records(), Bandwidths(0.5, 0.8, 0.5))
     assert rows and all(r["bytes exact"] for r in rows)
@@ -210,9 +211,20 @@ def test_calibration_on_the_shipped_measurements():
     assert {(r["model"], r["N"]) for r in rows} >= {("tiny", 4), ("small", 3), ("medium", 3)}
     fitted = sum(abs(r["fitted error"]) <= 0.25 for r in rows)
     alone = sum(abs(r["bandwidth-only error"]) <= 0.25 for r in rows)
-    assert fitted >= 0.75 * len(rows) and fitted > alone
+    assert fitted >= 0.9 * len(rows) and fitted > 2 * alone
     assert [c["constant"] for c in planning.machine_constants(rows)][-1] == "latency of one ring step"
     assert "single repeats lie within 25% of their median" in planning.calibration_sentence(rows)
+
+
+def test_records_sentence_reads_coverage_and_repeats_from_the_records():
+    shipped = planning.measured_records()
+    repeats = {len(r["repeat_seconds"]) for r in shipped}
+    laptop = [{"model": "tiny", "mode": m, "world_size": 2, "rank": 0, "machine": "a laptop"}
+              for m in ("hf", "offline")]
+    sentence = planning.records_sentence(shipped + laptop)
+    assert repeats == {7} and "`medium` at N = 1, 2, 3; 5 save modes, 86 records (every rank), each the median " \
+        "of 7 repeats" in sentence
+    assert sentence.endswith("a laptop: `tiny` at N = 2; 2 save modes, 2 records (every rank), each measured once.")
 
 
 def run_costs(capsys, *argv: str) -> tuple[int, str, str]:

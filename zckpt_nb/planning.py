@@ -299,7 +299,23 @@ def measured_records(extra_dir: str | Path | None = None) -> list[dict[str, Any]
     return json.loads(MEASURED.read_text()) + (load_records(Path(extra_dir)) if extra_dir else [])
 
 
+def records_sentence(records: list[dict[str, Any]]) -> str:
+    """What measured records cover, read from them: per machine, each model's world sizes and the repeats."""
+    lines = []
+    for machine in dict.fromkeys(r.get("machine", "?") for r in records):
+        mine = [r for r in records if r.get("machine", "?") == machine]
+        models = dict.fromkeys(r["model"] for r in mine)
+        sizes = {m: sorted({r["world_size"] for r in mine if r["model"] == m}) for m in models}
+        repeats = sorted({len(r.get("repeat_seconds") or [0]) for r in mine})
+        modes = len({r["mode"] for r in mine})
+        each = "measured once" if repeats == [1] else f"the median of {' or '.join(map(str, repeats))} repeats"
+        lines.append(f"{machine}: " + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
+                     + f"; {modes} save mode{'s' * (modes != 1)}, {len(mine)} records (every rank), each {each}")
+    return "Measured saves: " + ". ".join(lines) + "."
+
+
 ON_ALL_RANKS = ("partitioned", "gathered16", "per_param")  # the saves; offline and hf run in one process
+READ_RANK_FILES = ("offline", "hf")  # the routes that open every rank's two files (model states, optimizer states)
 
 
 def cpu_share(record: dict[str, Any]) -> float:
@@ -312,8 +328,9 @@ def features(record: dict[str, Any], pred: Prediction | None = None) -> dict[str
     """A measured save as the terms its seconds are fitted from: its mode's fixed cost and bytes, what it moves.
 
     Each mode has its own writer (the committed save's hashed O_DIRECT writes, `torch.save` through the page cache,
-    safetensors), so each gets its own fixed cost and its own seconds per byte written and read. Work done by the
-    CPU takes `cpu_share` times as long when ranks share cores; the collectives' bytes and ring steps are waits.
+    safetensors), so each gets its own fixed cost and its own seconds per byte written and read. The routes that
+    read a checkpoint open, check and unpickle 2 files per rank whatever their size: a cost per file. Work done by
+    the CPU takes `cpu_share` times as long when ranks share cores; the collectives' bytes and ring steps are waits.
     `pred`: the record's prediction, when the caller has it already.
     """
     pred = pred or predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
@@ -321,6 +338,7 @@ def features(record: dict[str, Any], pred: Prediction | None = None) -> dict[str
     mine = {m: share * (m == mode) for m in MODE_KEYS}
     return {**{f"fixed {m}": v for m, v in mine.items()},
             **{f"bytes {m}": v * (q["write"] + q["read"]) for m, v in mine.items()},
+            **{f"files {m}": 2 * record["world_size"] * (m == mode) for m in READ_RANK_FILES},
             "net": q["net"], "steps": q["steps"]}
 
 
@@ -388,6 +406,7 @@ def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         c = fit(mine)
         named = [*((f"{m}: fixed seconds per save", seconds(c[f"fixed {m}"])) for m in MODE_KEYS),
                  *((f"{m}: bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
+                 *((f"{m}: per rank file read", seconds(c[f"files {m}"])) for m in READ_RANK_FILES),
                  ("network: bytes received", rate(c["net"])), ("latency of one ring step", seconds(c["steps"]))]
         out += [{"machine": machine, "constant": k, "value": v} for k, v in named]
     return out
