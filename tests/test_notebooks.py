@@ -31,7 +31,7 @@ MATRIX = [
             "TRY_MODES": []}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0,
-            "STEP_LATENCY_US": 8.0}),
+            "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0}),
 ]
 
 
@@ -98,7 +98,8 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         assert stall.overlap_sentence(stall.step_rows(loaded)) in text
     if prefix == "09":
         get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
-        bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"))
+        bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"),
+                                 get("FILE_MS"))
         n = get("NODES") * get("GPUS_PER_NODE")
         assert planning.verdict(planning.plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
                                 bw) in text

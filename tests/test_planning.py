@@ -136,8 +136,23 @@ def test_a_step_latency_adds_ring_steps_per_collective_call():
     terms = planning.time_terms(pred, Bandwidths(2, 2, 25, step_latency_us=5))["per_param"]
     assert terms[f"collective latency ({calls * 63:,} ring steps)"] == pytest.approx(calls * 63 * 5e-6)
     assert not any("latency" in t for t in planning.time_terms(pred, Bandwidths(2, 2, 25))["per_param"])
-    with pytest.raises(planning.UsageError, match="step latency at least 0"):
+    with pytest.raises(planning.UsageError, match="step latency and the cost per file at least 0"):
         Bandwidths(2, 2, 25, step_latency_us=-1)
+
+
+def test_a_cost_per_file_adds_two_rank_files_per_rank_to_the_conversion_only(capsys):
+    bw = Bandwidths(2, 2, 25, file_ms=3)
+    rows = {r["mode"]: r for r in planning.plan("llama-3-8b", 512, bw, "bf16")}
+    plain = {r["mode"]: r for r in planning.plan("llama-3-8b", 512, Bandwidths(2, 2, 25), "bf16")}
+    assert rows["offline"]["terms"]["open 1,024 rank files"] == pytest.approx(1024 * 3e-3)
+    assert rows["offline"]["durable s"] - plain["offline"]["durable s"] == pytest.approx(1024 * 3e-3)
+    assert all(rows[m]["terms"] == plain[m]["terms"] for m in ("partitioned", "gathered16", "per_param"))
+    assert "3 ms per rank file opened" in planning.verdict(list(rows.values()), bw)
+    assert "cost per file opened not modelled" in planning.verdict(list(plain.values()), Bandwidths(2, 2, 25))
+    code, out, _ = run_costs(capsys, "--config", "llama-3-8b", "--nproc", "512", "--file_ms", "3", "--json")
+    assert code == 0 and "open 1,024 rank files" in json.loads(out)["plan"][-1]["terms"]
+    with pytest.raises(planning.UsageError, match="cost per file at least 0"):
+        Bandwidths(2, 2, 25, file_ms=-1)
 
 
 def test_predicted_collective_calls_are_the_calls_deepspeed_logged():
@@ -277,5 +292,8 @@ def test_plan_widget_recomputes_on_change():
     panel.n.value = 64  # observe() replans at once
     after = {r["mode"]: r["rank 0 writes B"] for r in panel.rows}
     assert after["partitioned"] < before["partitioned"] / 7 and after["per_param"] == before["per_param"]
+    panel.file_ms.value = 2.0
+    offline = next(r for r in panel.rows if r["mode"] == "offline")
+    assert offline["terms"]["open 128 rank files"] == pytest.approx(0.256)
     panel.write.value = 0.0
     assert panel.rows == [] and "bandwidths must be positive" in panel.sentence

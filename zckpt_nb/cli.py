@@ -119,7 +119,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     sizes = world_sizes(args)
     name = args.config or args.model
-    bw = Bandwidths(args.write_gbps, args.read_gbps, args.net_gbps, args.step_latency_us)
+    bw = Bandwidths(args.write_gbps, args.read_gbps, args.net_gbps, args.step_latency_us, args.file_ms)
     preds = [predict(name, n, args.dtype, args.persistence_threshold) for n in sizes]
     plans = [plan(name, n, bw, args.dtype, args.persistence_threshold, args.gather_16bit == "on") for n in sizes]
     if args.json:
@@ -271,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--step_latency_us", type=float, default=0.0,
                        help="µs per ring step of one collective call (each call takes N - 1 steps; default 0: "
                             "not modelled)")
+    costs.add_argument("--file_ms", type=float, default=0.0,
+                       help="ms to open, check and unpickle one rank file in the offline conversion (it reads 2 per "
+                            "rank; default 0: not modelled)")
     costs.add_argument("--json", action="store_true")
     costs.set_defaults(func=cmd_costs)
 

@@ -76,22 +76,28 @@ def load_config(source: str) -> Any:
 @dataclass(frozen=True)
 class Bandwidths:
     """Write (one rank to storage), read (one process from storage) and network (one rank's link) in GB/s; the
-    latency of one ring step of a collective call in µs (0: not modelled)."""
+    latency of one ring step of a collective call in µs, and the cost of opening one rank file in ms (0: not
+    modelled)."""
 
     write_gbps: float
     read_gbps: float
     net_gbps: float
     step_latency_us: float = 0.0
+    file_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        bad = {k: v for k, v in vars(self).items() if not (v >= 0 if k == "step_latency_us" else v > 0)}
+        bad = {k: v for k, v in vars(self).items() if not (v >= 0 if k in ("step_latency_us", "file_ms") else v > 0)}
         if bad:
-            raise UsageError(f"bandwidths must be positive GB/s figures and the step latency at least 0 µs (got {bad})")
+            raise UsageError("bandwidths must be positive GB/s figures, the step latency and the cost per file at "
+                             f"least 0 (got {bad})")
 
     def unit_seconds(self) -> dict[str, float]:
-        """Seconds per unit of what a save moves: per byte written, read and received, and per ring step."""
+        """Seconds per unit of what a save moves: per byte written, read and received, per ring step, per file."""
         return {"write": 1 / (self.write_gbps * GB), "read": 1 / (self.read_gbps * GB),
-                "net": 1 / (self.net_gbps * GB), "steps": self.step_latency_us * 1e-6}
+                "net": 1 / (self.net_gbps * GB), "steps": self.step_latency_us * 1e-6, "files": self.file_ms * 1e-3}
+
+
+READ_RANK_FILES = ("offline", "hf")  # the routes that open every rank's two files (model states, optimizer states)
 
 
 def wire_bytes(ops: dict[str, int], n: int) -> float:
@@ -112,11 +118,13 @@ def collective_calls(pred: Prediction, mode: str) -> int:
 
 
 def quantities(pred: Prediction, mode: str) -> dict[str, float]:
-    """What rank 0 moves in a save mode: bytes written, read and received, and the ring steps of its collectives."""
+    """What rank 0 moves in a save mode: bytes written, read and received, the ring steps of its collectives and the
+    rank files it opens."""
     part = getattr(pred, MODE_KEYS[mode])
     write = pred.partitioned["per_rank_bytes"][0] if mode == "partitioned" else part["written_bytes"]
     return {"write": write, "read": part.get("read_bytes", 0), "net": wire_bytes(part["ops"], pred.world_size),
-            "steps": collective_calls(pred, mode) * (pred.world_size - 1)}
+            "steps": collective_calls(pred, mode) * (pred.world_size - 1),
+            "files": 2 * pred.world_size * (mode in READ_RANK_FILES)}
 
 
 TERMS = {"partitioned": {"write": "write the rank's shard", "net": "collectives"},
@@ -133,8 +141,9 @@ def time_terms(pred: Prediction, bw: Bandwidths) -> dict[str, dict[str, float]]:
     for mode, labels in TERMS.items():
         q = quantities(pred, mode)
         out[mode] = {label: q[k] * unit[k] for k, label in labels.items()}
-        if q["steps"] and unit["steps"]:
-            out[mode][f"collective latency ({q['steps']:,} ring steps)"] = q["steps"] * unit["steps"]
+        for k, label in (("steps", "collective latency ({:,} ring steps)"), ("files", "open {:,} rank files")):
+            if q[k] and unit[k]:
+                out[mode][label.format(q[k])] = q[k] * unit[k]
     return out
 
 
@@ -181,8 +190,9 @@ def verdict(rows: list[dict[str, Any]], bw: Bandwidths) -> str:
     offline = next(r for r in rows if r["mode"] == "offline")
     latency = (f"{bw.step_latency_us:g} µs per ring step of a collective call" if bw.step_latency_us
                else "collective latency not modelled")
+    files = f"{bw.file_ms:g} ms per rank file opened" if bw.file_ms else "the cost per file opened not modelled"
     return (f"At N = {rows[0]['N']} with write {bw.write_gbps:g} GB/s, read {bw.read_gbps:g} GB/s, network "
-            f"{bw.net_gbps:g} GB/s and {latency}, {saves[0]['mode']} stalls training least: "
+            f"{bw.net_gbps:g} GB/s, {latency} and {files}, {saves[0]['mode']} stalls training least: "
             + "; ".join(map(why, saves)) + ". "
             f"A consolidated model is on disk soonest with {whole[0]['mode']} ({seconds(whole[0]['durable s'])}"
             + (", the partitioned save and then the conversion off the training path, which needs "
@@ -315,7 +325,6 @@ def records_sentence(records: list[dict[str, Any]]) -> str:
 
 
 ON_ALL_RANKS = ("partitioned", "gathered16", "per_param")  # the saves; offline and hf run in one process
-READ_RANK_FILES = ("offline", "hf")  # the routes that open every rank's two files (model states, optimizer states)
 
 
 def cpu_share(record: dict[str, Any]) -> float:
@@ -338,7 +347,7 @@ def features(record: dict[str, Any], pred: Prediction | None = None) -> dict[str
     mine = {m: share * (m == mode) for m in MODE_KEYS}
     return {**{f"fixed {m}": v for m, v in mine.items()},
             **{f"bytes {m}": v * (q["write"] + q["read"]) for m, v in mine.items()},
-            **{f"files {m}": 2 * record["world_size"] * (m == mode) for m in READ_RANK_FILES},
+            **{f"files {m}": q["files"] * (m == mode) for m in READ_RANK_FILES},
             "net": q["net"], "steps": q["steps"]}
 
 

@@ -194,7 +194,7 @@ class CompareWidget:
 
 
 class PlanWidget:
-    """A config, a world size, bandwidths and a step latency in; the plan table and its verdict out, on each change."""
+    """A config, a world size, bandwidths, a step latency and a cost per file in; the plan and its verdict out."""
 
     def __init__(self, configs: list[str], *, config: str, n: int, bw: Any, dtype: str = "bf16") -> None:
         self.config = w.Dropdown(options=configs, value=config, description="config")
@@ -204,6 +204,7 @@ class PlanWidget:
         self.read = w.FloatText(value=bw.read_gbps, description="read GB/s")
         self.net = w.FloatText(value=bw.net_gbps, description="net GB/s")
         self.latency = w.FloatText(value=bw.step_latency_us, description="step µs")
+        self.file_ms = w.FloatText(value=bw.file_ms, description="file ms")
         self.out = w.Output()
         self.rows: list[dict[str, Any]] = []
         self.sentence = ""  # what the panel shows under the table (kept for tests)
@@ -211,7 +212,7 @@ class PlanWidget:
             control.observe(self.refresh, names="value")
 
     def controls(self) -> list[w.Widget]:
-        return [self.config, self.n, self.dtype, self.write, self.read, self.net, self.latency]
+        return [self.config, self.n, self.dtype, self.write, self.read, self.net, self.latency, self.file_ms]
 
     def refresh(self, _change: Any = None) -> None:
         """Plan again from the controls (no launch: arithmetic on the config) and redraw the table."""
@@ -223,7 +224,7 @@ class PlanWidget:
 
         self.out.clear_output(wait=True)
         try:
-            bw = Bandwidths(self.write.value, self.read.value, self.net.value, self.latency.value)
+            bw = Bandwidths(self.write.value, self.read.value, self.net.value, self.latency.value, self.file_ms.value)
             self.rows = plan(self.config.value, self.n.value, bw, self.dtype.value)
             self.sentence = verdict(self.rows, bw)
         except UsageError as e:
