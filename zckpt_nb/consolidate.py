@@ -86,18 +86,19 @@ def shard_files(ckpt_dir: str | Path, tag: str | None = None) -> list[Path]:
     return sorted((Path(ckpt_dir) / str(tag)).glob("zero_pp_rank_*_states.pt"))
 
 
-def import_converters() -> None:
-    """Import DeepSpeed's converter and transformers' GPT-2 up front, so a measured route pays for its work only."""
+def ready_to_time() -> None:
+    """Before timing a one-process route, so it pays for its own work only: import DeepSpeed's converter and
+    transformers' GPT-2 up front, and flush earlier writes (`measure.flush_writes`)."""
     import deepspeed.utils.zero_to_fp32  # noqa: F401
     import transformers
 
     transformers.GPT2LMHeadModel  # noqa: B018  (transformers imports its models lazily, on first access)
+    measure.flush_writes()
 
 
 def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> measure.SaveCost:
-    """Run route 3 and measure it: one process, so rank 0 and no collective bytes (imports are done first)."""
-    import_converters()
-    measure.flush_writes()
+    """Run route 3 and measure it: one process, so rank 0 and no collective bytes (`ready_to_time` first)."""
+    ready_to_time()
     return measure.measure("offline", lambda: convert_offline(ckpt_dir, out_dir, tag),
                            written=lambda: measure.files_under(out_dir), read=shard_files(ckpt_dir, tag))
 

@@ -222,11 +222,10 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
 
 def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
                    max_shard_size: str | int = "5GB", overwrite: bool = False) -> measure.SaveCost:
-    """Run `export` and measure it (one process: rank 0, no collective bytes; imports are done first)."""
-    from zckpt_nb.consolidate import import_converters, shard_files
+    """Run `export` and measure it (one process: rank 0, no collective bytes; `ready_to_time` first)."""
+    from zckpt_nb.consolidate import ready_to_time, shard_files
 
-    import_converters()
-    measure.flush_writes()
+    ready_to_time()
     return measure.measure("hf", lambda: export(ckpt_dir, out_dir, tag=tag, max_shard_size=max_shard_size,
                                                 overwrite=overwrite),
                            written=lambda: measure.files_under(out_dir), read=shard_files(ckpt_dir, tag))
