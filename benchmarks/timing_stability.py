@@ -78,17 +78,20 @@ def main() -> None:
     parser.add_argument("--output_dir", default="build/bench/stability")
     args = parser.parse_args()
 
+    records = [r for r in json.loads(Path(args.records).read_text()) if r["rank"] == 0]
+    recorded = {(r["mode"], r["world_size"]): r["repeat_seconds"] for r in records if r["model"] == args.model}
+    missing = sorted(set(args.nproc) - {n for _, n in recorded})
+    if missing:
+        held = sorted({(r["model"], r["world_size"]) for r in records})
+        parser.error(f"{args.records} has no {args.model} saves at N = {missing}; pass a model and N it holds: "
+                     + ", ".join(f"{m} N={n}" for m, n in held))
     print(f"virtio balloon free page reporting: {free_page_reporting()}")
     hot, cold = rewrite_after(0, Path(args.output_dir)), rewrite_after(5, Path(args.output_dir))
     print(f"write 512 MiB again at once: {hot:.3f} s; 5 s after deleting it: {cold:.3f} s ({cold / hot:.1f}x)")
 
-    recorded = {(r["mode"], r["world_size"]): r["repeat_seconds"] for r in json.loads(Path(args.records).read_text())
-                if r["model"] == args.model and r["rank"] == 0}
     now = remeasure(args.model, args.nproc, args.repeats, Path(args.output_dir))
     ratios = []
     for (mode, n), xs in sorted(now.items()):
-        if (mode, n) not in recorded:
-            continue
         then = recorded[(mode, n)]
         ratios.append(statistics.median(xs) / statistics.median(then))
         print(f"{args.model} {mode:<12}N={n}  recorded median {statistics.median(then):.3f} s "
