@@ -75,7 +75,10 @@ def test_timeout_kills_every_rank_and_shows_their_last_lines(tmp_path):
 
 def test_interrupting_the_caller_leaves_no_orphan_rank(tmp_path):
     out = tmp_path / "interrupted"
-    script = ("from zckpt_nb.launch import launch\n"
+    # A Jupyter kernel turns SIGINT into KeyboardInterrupt while a cell runs, whatever it inherited; a process started
+    # in the background of a shell without job control (`cmd &` in a script) inherits SIGINT ignored, so say it here
+    script = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from zckpt_nb.launch import launch\n"
               f"launch(2, 1_000_000, {str(out)!r}, timeout=300, progress=False)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
