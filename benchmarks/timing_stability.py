@@ -97,9 +97,8 @@ def main() -> None:
         print(f"{args.model} {mode:<12}N={n}  recorded median {statistics.median(then):.3f} s "
               f"(repeats {min(then):.3f}-{max(then):.3f})  now {', '.join(f'{x:.3f}' for x in xs)} s  "
               f"now/recorded {ratios[-1]:.2f}")
-    if ratios:
-        print(f"{sum(abs(r - 1) <= 0.25 for r in ratios)} of {len(ratios)} saves' medians now within 25% of the "
-              f"recorded ones (now/recorded {min(ratios):.2f}-{max(ratios):.2f})")
+    print(f"{sum(abs(r - 1) <= 0.25 for r in ratios)} of {len(ratios)} saves' medians now within 25% of the "
+          f"recorded ones (now/recorded {min(ratios):.2f}-{max(ratios):.2f})")
 
 
 if __name__ == "__main__":
