@@ -62,10 +62,9 @@ def remeasure(model: str, sizes: list[int], repeats: int, out_dir: Path) -> dict
     """Rank 0's seconds per (mode, N) over `repeats` fresh `compare` runs of every mode."""
     seconds: dict[tuple, list[float]] = {}
     for _ in range(repeats):
-        for n in sizes:
-            for r in compare.measure_world_size(model, n, list(MODES), out_dir, progress=False):
-                if r["rank"] == 0:
-                    seconds.setdefault((r["mode"], n), []).append(r["seconds"])
+        for r in compare.compare(sizes, model, list(MODES), out_dir, reuse=False, progress=False):
+            if r["rank"] == 0:
+                seconds.setdefault((r["mode"], r["world_size"]), []).append(r["seconds"])
     return seconds
 
 
