@@ -15,22 +15,24 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from zckpt_nb import planning
+from zckpt_nb.plan.calibration import calibration, cpu_share, fit, measured_records, predicted
+from zckpt_nb.plan.costs import MODE_KEYS, predict
+from zckpt_nb.plan.planning import Bandwidths, collective_calls
 
 STATISTICS = {"median": statistics.median, "min": min}
 
 
 def per_call(row: dict[str, Any], record: dict[str, Any]) -> dict[str, float]:
     """The shipped terms plus the save's collective calls (CPU work: scaled by ranks per core)."""
-    pred = planning.predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
-    return {**row["features"], "calls": planning.collective_calls(pred, row["mode"]) * planning.cpu_share(record)}
+    pred = predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
+    return {**row["features"], "calls": collective_calls(pred, row["mode"]) * cpu_share(record)}
 
 
 def per_mode(row: dict[str, Any], record: dict[str, Any]) -> dict[str, float]:
     """The shipped terms with the network and ring-step constants of each save mode apart."""
     shared = {k: v for k, v in row["features"].items() if k not in ("net", "steps")}
     return shared | {f"{k} {m}": row["features"][k] * (m == row["mode"]) for k in ("net", "steps")
-                     for m in planning.MODE_KEYS}
+                     for m in MODE_KEYS}
 
 
 VARIANTS = {"shipped terms": lambda row, record: row["features"], "+ per call": per_call, "per-mode network": per_mode}
@@ -38,13 +40,13 @@ VARIANTS = {"shipped terms": lambda row, record: row["features"], "+ per call": 
 
 def errors(rows: list[dict[str, Any]]) -> list[float]:
     """Leave-one-out relative error of each row's fitted seconds."""
-    return [planning.predicted(row, planning.fit(rows[:i] + rows[i + 1:])) / row["measured s"] - 1
+    return [predicted(row, fit(rows[:i] + rows[i + 1:])) / row["measured s"] - 1
             for i, row in enumerate(rows)]
 
 
 def main() -> None:
-    records = [r for r in planning.measured_records() if r["rank"] == 0]
-    base = planning.calibration(records, planning.Bandwidths(1, 1, 1))
+    records = [r for r in measured_records() if r["rank"] == 0]
+    base = calibration(records, Bandwidths(1, 1, 1))
     for variant, terms in VARIANTS.items():
         for name, stat in STATISTICS.items():
             rows = [row | {"features": terms(row, record), "measured s": stat(row["repeat s"] or [row["measured s"]])}

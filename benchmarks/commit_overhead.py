@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.launch import launch
 from zckpt_nb.model import param_count
+from zckpt_nb.run.launch import launch
 
 STEPS = {"tiny": (12, 4), "small": (12, 4), "medium": (6, 2), "large": (6, 2)}  # (steps, save_every)
 
@@ -44,7 +44,7 @@ def run_mode(model: str, mode: str, nproc: int, root: Path, timeout: float) -> t
     steps, every = STEPS[model]
     out = root / f"{model}_{mode}"
     run = launch(nproc, steps, out, save_every=every, model=model, timeout=timeout, verbose=False,
-                 progress=False, extra=["--save_mode", mode])
+                 progress=False, save_mode=mode)
     shard_bytes = sum(f["bytes"] for r in run.ranks for f in r["files"] if "zero_pp_rank" in f["path"])
     shutil.rmtree(out, ignore_errors=True)
     return per_save(run), shard_bytes

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from zckpt_nb import claims, compare
-from zckpt_nb.measure import MODES
+from zckpt_nb.lessons import claims
+from zckpt_nb.lessons.compare import MODES, agreement, compare, explain_differences, memory_rows
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="measure again instead of reusing compare.json")
     parser.add_argument("--persistence_threshold", type=int, default=0)
     args = parser.parse_args()
-    records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, reuse=not args.fresh,
+    records = compare(args.nproc, args.model, args.modes, args.output_dir, reuse=not args.fresh,
                               persistence_threshold=args.persistence_threshold)
     print(f"{'mode':<12}{'N':>3}{'rank':>5}{'pred B':>13}{'meas B':>13}{'ratio':>8}{'rank file B':>13}{'file/pred':>10}"
           f"{'pred comm':>12}{'logged':>12}{'pred MiB':>9}{'meas MiB':>9}{'s':>8}")
@@ -37,10 +37,10 @@ def main() -> None:
               f"{r['predicted_comm_bytes']:>12,}{r['logged_comm_bytes'] or 0:>12,}"
               f"{r['predicted_extra_peak_bytes'] / 2**20:>9.2f}{r['measured_extra_peak_bytes'] / 2**20:>9.2f}"
               f"{r['seconds']:>8.3f}")
-    memory = compare.memory_rows(records)
+    memory = memory_rows(records)
     print("\n" + claims.memory_sentence(memory))
     print("\nagreement per (mode, N):")
-    for row in compare.agreement(records):
+    for row in agreement(records):
         print("  " + "  ".join(f"{k}: {v}" for k, v in row.items()))
     base = min(args.nproc)
     print(f"\nscaling of rank 0's partitioned bytes against N = {base}:")
@@ -48,7 +48,7 @@ def main() -> None:
     part = {r["world_size"]: r["measured_payload_bytes"] for r in rank0}
     for n, size in sorted(part.items()):
         print(f"  N = {n}: {size:,} bytes, {size / part[base]:.3f} x (ideal {base / n:.3f} x)")
-    for line in compare.explain_differences(records):
+    for line in explain_differences(records):
         print("note: " + line)
 
 

@@ -17,10 +17,11 @@ import platform
 import sys
 from pathlib import Path
 
-from zckpt_nb.consolidate import cost_summary, measure_offline, seed_vs_measured
-from zckpt_nb.export import measure_export
-from zckpt_nb.launch import fresh_dir, launch
-from zckpt_nb.plots import table
+from zckpt_nb.convert.export import measure_export
+from zckpt_nb.convert.zero_to_fp32 import measure_offline
+from zckpt_nb.lessons.consolidation import cost_summary, seed_vs_measured
+from zckpt_nb.run.launch import fresh_dir, launch
+from zckpt_nb.ui.tables import table
 
 
 def ratios(summary: list[dict], num_params: int) -> list[dict]:
@@ -50,7 +51,7 @@ def main() -> None:
     out = fresh_dir(args.output_dir or f"build/bench/consolidation_{args.model}_n{args.nproc}")
 
     run = launch(args.nproc, args.steps, out, save_checkpoint=True, model=args.model, timeout=args.timeout,
-                 extra=["--save_16bit", "--save_gathered"], progress=False)
+                 save_16bit=True, save_gathered=True, progress=False)
     costs = run.data["save_costs"] + [measure_offline(out, out / "offline").to_dict(),
                                       measure_export(out, out / "hf").to_dict()]
     (out / "costs.json").write_text(json.dumps({"num_params": run.num_params, "world_size": run.world_size,

@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import reshard
-from zckpt_nb.launch import launch
+from zckpt_nb.convert.reshard import convert
 from zckpt_nb.model import param_count
+from zckpt_nb.run.launch import launch
 
 STEPS = {"tiny": 4, "small": 4, "medium": 2, "large": 2}
 
@@ -31,7 +31,7 @@ def measure(model: str, nproc: int, resume_on: int | None, root: Path, timeout: 
     run = launch(nproc, steps, root / model, save_checkpoint=True, model=model, timeout=timeout, verbose=False,
                  progress=False)
     save_seconds = max(r["save_seconds"] for r in run.ranks)
-    manifest = reshard.convert(root / model, f"global_step{steps}", timeout=timeout)
+    manifest = convert(root / model, f"global_step{steps}", timeout=timeout)
     cost = manifest["conversion"]
     row = {"model": model, "params": param_count(model), "nproc": nproc, "source_bytes": cost["source_bytes"],
            "universal_bytes": cost["bytes"], "save_s": round(save_seconds, 3), "convert_s": round(cost["seconds"], 3),

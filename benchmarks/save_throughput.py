@@ -30,8 +30,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb import stall
-from zckpt_nb.launch import RunResult
+from zckpt_nb.lessons import stall
+from zckpt_nb.run.launch import RunResult
 
 CHUNK = 8 * 2**20  # one write call; a multiple of 4096, as O_DIRECT requires
 

@@ -16,9 +16,9 @@ import os
 import platform
 import sys
 
-from zckpt_nb import offline
-from zckpt_nb.launch import fresh_dir, launch
-from zckpt_nb.plots import table
+from zckpt_nb.lessons import offline
+from zckpt_nb.run.launch import fresh_dir, launch
+from zckpt_nb.ui.tables import table
 
 
 def main() -> None:
@@ -34,13 +34,13 @@ def main() -> None:
         out = fresh_dir(f"{args.output_root}/{model}")
         run = launch(args.nproc, 1, out / "ckpt", save_checkpoint=True, model=model, timeout=3600, progress=False,
                      verbose=False)
-        measured = offline.measure(out / "ckpt", out, args.shard_sizes, args.repeats)
+        measured = offline.measure_routes(out / "ckpt", out, args.shard_sizes, args.repeats)
         base = measured["baseline"]
         optim = sum(p.stat().st_size for p in (out / "ckpt").glob("*/*optim_states.pt"))
         print(f"\n## {model}: P = {run.num_params:,} ({run.num_params * 4 / 1e9:.2f} GB of fp32 weights), "
               f"{args.nproc} ranks' optimizer files {optim / 1e9:.2f} GB; interpreter baseline "
               f"{base['peak'] / 2**20:.0f} MiB in {base['wall']:.1f} s\n")
-        print(table(offline.summary(measured["records"], base, run.num_params * 4)).data)
+        print(table(offline.memory_summary(measured["records"], base, run.num_params * 4)).data)
         print(f"records: {out / 'routes.json'}")
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zckpt_nb.verify import check_hashes
+from zckpt_nb.convert.verify import check_hashes
 
 
 def write_files(folder: Path, count: int, mib: int) -> list[tuple[Path, str]]:

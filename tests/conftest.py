@@ -7,8 +7,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from zckpt_nb import checkpoint
-from zckpt_nb.launch import RunResult, launch
+from zckpt_nb.convert.collect import copy_checkpoint
+from zckpt_nb.run.launch import RunResult, launch
 
 STEPS, SAVE_EVERY, RESUME_STEP = 150, 50, 50
 
@@ -23,7 +23,7 @@ def full_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
 @pytest.fixture(scope="session")
 def resumed_run(full_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     """The same job resumed from the step-50 checkpoint of `full_run`, in a separate folder."""
-    dst = checkpoint.copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("resumed"),
+    dst = copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("resumed"),
                                      f"global_step{RESUME_STEP}")
     return launch(2, STEPS, dst, resume=True, save_checkpoint=True, verbose=False, progress=False, timeout=600)
 
@@ -44,6 +44,6 @@ def files_under(path: Path) -> list[Path]:
 
 def file_hashes(output_dir: Path, tag: str) -> dict[str, str]:
     """A committed checkpoint's files and their SHA-256, as its manifest lists them."""
-    from zckpt_nb import verify
+    from zckpt_nb.format.manifest import read_manifest
 
-    return {f["path"]: f["sha256"] for f in verify.read_manifest(output_dir / tag)["files"]}
+    return {f["path"]: f["sha256"] for f in read_manifest(output_dir / tag)["files"]}

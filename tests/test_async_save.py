@@ -6,22 +6,23 @@ import pytest
 from conftest import file_hashes
 from test_commit import failed_launch, ref_run, run, same_losses, small_disk, verify_cli  # noqa: F401 (a fixture)
 
-from zckpt_nb import checkpoint, verify
+from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
+from zckpt_nb.format.layout import committed_tags, latest_name
 
-ASYNC = ["--save_mode", "async"]
+ASYNC = {"save_mode": "async"}
 
 
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
     """An uninterrupted tiny run saving asynchronously every 4 of 12 steps, keeping the last 2 checkpoints."""
-    return run(tmp_path_factory.mktemp("async"), extra=[*ASYNC, "--keep_last", "2"])
+    return run(tmp_path_factory.mktemp("async"), **ASYNC, keep_last=2)
 
 
 def test_every_async_save_commits_and_records_its_stall_and_time_to_durable(async_run):
     out = async_run.output_dir
-    assert verify.committed_tags(out) == ["global_step8", "global_step12"]  # rotation followed each commit
+    assert committed_tags(out) == ["global_step8", "global_step12"]  # rotation followed each commit
     assert [s["deleted"] for s in async_run.ranks[0]["saves"]] == [[], [], ["global_step4"]]
-    assert verify.latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
+    assert latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
     assert async_run.data["save_mode"] == "async" and async_run.data["failed_saves"] == []
     for rank in async_run.ranks:
         for save in rank["saves"]:
@@ -40,7 +41,7 @@ def test_every_async_save_commits_and_records_its_stall_and_time_to_durable(asyn
 def test_deepspeeds_zero_to_fp32_reads_an_async_checkpoint(async_run, tmp_path):
     import torch
 
-    converted = checkpoint.run_zero_to_fp32(async_run.output_dir, tmp_path / "fp32")
+    converted = run_zero_to_fp32(async_run.output_dir, tmp_path / "fp32")
     state = torch.load(converted / "pytorch_model.bin", map_location="cpu", weights_only=True)
     assert sum({t.data_ptr(): t.numel() for t in state.values()}.values()) == async_run.num_params
 
@@ -48,27 +49,27 @@ def test_deepspeeds_zero_to_fp32_reads_an_async_checkpoint(async_run, tmp_path):
 def test_kill_9_during_the_background_write_keeps_the_previous_commit(async_run, tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setenv("ZCKPT_FAULT", "background:1:8")  # rank 1 dies between its two files of the step-8 save
-    text = failed_launch(out, extra=ASYNC)
+    text = failed_launch(out, **ASYNC)
     assert "rank 1 injects 'background'" in text
     monkeypatch.delenv("ZCKPT_FAULT")
-    assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
-    assert "global_step8" not in verify.committed_tags(out)
-    resumed = run(out, resume=True, extra=ASYNC)  # DeepSpeed's load_checkpoint reads the async checkpoint
+    assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+    assert "global_step8" not in committed_tags(out)
+    resumed = run(out, resume=True, **ASYNC)  # DeepSpeed's load_checkpoint reads the async checkpoint
     assert resumed.data["resumed_from_step"] == 4 and resumed.steps == list(range(4, 12))
     assert same_losses(async_run, resumed) <= 1e-5
-    assert verify.latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
+    assert latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
 
 
 def test_a_full_disk_during_the_background_write_fails_that_save_on_every_rank(tmp_path, monkeypatch):
     with small_disk(tmp_path / "disk", "size=24m") as disk:
         out = disk / "run"
         monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk once the step-8 save has begun
-        result = run(out, extra=ASYNC)
+        result = run(out, **ASYNC)
         assert result.steps == list(range(12)), "training went on after the failed save"
         assert [f["step"] for f in result.data["failed_saves"]] == [8]
         assert "ENOSPC" in result.data["failed_saves"][0]["error"]
         assert not (out / "global_step8").exists(), "the failed save's partial files are removed"
-        assert verify.committed_tags(out) == ["global_step4", "global_step12"] and verify_cli(out).returncode == 0
+        assert committed_tags(out) == ["global_step4", "global_step12"] and verify_cli(out).returncode == 0
         printed = [line for line in result.log if "save global_step8 failed" in line]
         assert len(printed) == 2 and all("training continues" in line for line in printed)  # one line per rank
 

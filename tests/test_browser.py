@@ -21,7 +21,7 @@ import psutil
 import pytest
 from conftest import procs_mentioning
 
-from zckpt_nb.launch import free_port, kill_tree
+from zckpt_nb.run.launch import free_port, kill_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")

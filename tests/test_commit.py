@@ -10,15 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from zckpt_nb import checkpoint, commit, faults, rotation, verify
-from zckpt_nb.launch import LaunchError, LaunchTimeout, launch
-from zckpt_nb.verify import MANIFEST
+from zckpt_nb.convert.collect import copy_checkpoint
+from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
+from zckpt_nb.errors import CheckpointError, LaunchError, LaunchTimeout, describe_error
+from zckpt_nb.format.disk import atomic_write
+from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name
+from zckpt_nb.format.manifest import sha256_file
+from zckpt_nb.run.launch import launch
+from zckpt_nb.saving import faults, rotation
+from zckpt_nb.saving.commit import space_problem
 
 STEPS, EVERY = 12, 4
 
 
-def run(out, steps=STEPS, *, resume=False, extra=(), nproc=2, model="tiny"):
-    return launch(nproc, steps, out, save_every=EVERY, resume=resume, model=model, extra=list(extra),
+def run(out, steps=STEPS, *, resume=False, nproc=2, model="tiny", **options):
+    return launch(nproc, steps, out, save_every=EVERY, resume=resume, model=model, **options,
                   verbose=False, progress=False, timeout=600)
 
 
@@ -53,13 +59,13 @@ def small_disk(path: Path, options: str):
 @pytest.fixture(scope="session")
 def ref_run(tmp_path_factory):
     """An uninterrupted tiny run saving every 4 steps, keeping the last 2 checkpoints."""
-    return run(tmp_path_factory.mktemp("ref"), extra=["--keep_last", "2"])
+    return run(tmp_path_factory.mktemp("ref"), keep_last=2)
 
 
 def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(ref_run):
     out = ref_run.output_dir
-    assert verify.committed_tags(out) == ["global_step8", "global_step12"]  # global_step4 rotated away
-    assert verify.latest_name(out) == "global_step12" and ref_run.data["failed_saves"] == []
+    assert committed_tags(out) == ["global_step8", "global_step12"]  # global_step4 rotated away
+    assert latest_name(out) == "global_step12" and ref_run.data["failed_saves"] == []
     manifest = json.loads((out / "global_step12" / MANIFEST).read_text())
     assert (manifest["world_size"], manifest["step"]) == (2, 12)
     assert manifest["identity"] == {"model": "tiny", "num_params": ref_run.num_params, "global_batch": 16}
@@ -82,7 +88,7 @@ def small_run(tmp_path_factory):
 @pytest.mark.parametrize("which", ["ref_run", "small_run"])
 def test_preflight_estimate_is_never_below_the_files_written_and_within_5_percent(which, request):
     result = request.getfixturevalue(which)
-    for tag in verify.committed_tags(result.output_dir):
+    for tag in committed_tags(result.output_dir):
         manifest = json.loads((result.output_dir / tag / MANIFEST).read_text())
         for record in result.ranks:
             written = sum(f["bytes"] for f in manifest["files"] if f["rank"] == record["rank"])
@@ -94,7 +100,7 @@ def test_zero_to_fp32_converts_the_committed_checkpoint(ref_run, tmp_path):
     # DeepSpeed's own script reads a checkpoint written through the protocol (load_checkpoint: the resumes below).
     import torch
 
-    out = checkpoint.run_zero_to_fp32(ref_run.output_dir, tmp_path / "fp32")
+    out = run_zero_to_fp32(ref_run.output_dir, tmp_path / "fp32")
     state = torch.load(out / "pytorch_model.bin", map_location="cpu", weights_only=True)
     assert sum({t.data_ptr(): t.numel() for t in state.values()}.values()) == ref_run.num_params
 
@@ -105,7 +111,7 @@ def test_train_cli_passes_the_save_flags_to_the_worker(tmp_path):
                            "4", "--keep_last", "1", "--collective_timeout", "120", "--output_dir", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert verify.committed_tags(out) == ["global_step8"] and verify.latest_name(out) == "global_step8"
+    assert committed_tags(out) == ["global_step8"] and latest_name(out) == "global_step8"
 
 
 @pytest.mark.parametrize("point, rank", [("shards", 1), ("before_commit", 0), ("latest", 0)])
@@ -116,17 +122,17 @@ def test_kill_9_mid_save_loses_nothing_and_resume_matches(ref_run, tmp_path, mon
     assert f"rank {rank} injects '{point}'" in text
     monkeypatch.delenv("ZCKPT_FAULT")
     # `latest` never moved: it names the step-4 checkpoint, which verifies completely.
-    assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+    assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
     # Killed before the manifest, step 8 is incomplete; killed while moving `latest`, it had committed.
     committed_8 = point == "latest"
-    assert ("global_step8" in verify.committed_tags(out)) == committed_8
+    assert ("global_step8" in committed_tags(out)) == committed_8
     resumed = run(out, resume=True)
     start = 8 if committed_8 else 4
     assert resumed.data["resumed_from_step"] == start and resumed.steps == list(range(start, STEPS))
     assert same_losses(ref_run, resumed) <= 1e-5
     if not committed_8:
         assert any("ignoring incomplete checkpoint(s) global_step8" in line for line in resumed.log)
-    assert verify.latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
+    assert latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
 
 
 def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monkeypatch):
@@ -142,7 +148,7 @@ def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monk
             assert "ENOSPC" in failed[8] and "zero_pp_rank_" in failed[8]
             assert "EROFS" in failed[12] and "global_step12" in failed[12]
             assert not (out / "global_step8").exists(), "the failed save's partial files are removed"
-            assert verify.committed_tags(out) == ["global_step4", "global_step16"]
+            assert committed_tags(out) == ["global_step4", "global_step16"]
             for tag in ("global_step4", "global_step16"):
                 assert verify_cli(out, "--tag", tag).returncode == 0
             printed = [line for line in result.log if "save global_step8 failed" in line]
@@ -152,32 +158,32 @@ def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monk
 def test_save_that_cannot_fit_is_refused_and_abort_stops_every_rank(tmp_path):
     with small_disk(tmp_path / "small", "size=8m") as disk:  # one tiny checkpoint (5.2 MB) fits, a second does not
         out = disk / "run"
-        text = failed_launch(out, extra=["--on_save_error", "abort"])
+        text = failed_launch(out, on_save_error="abort")
         assert "save global_step8 failed" in text and "not enough free space" in text
         assert "stopping every rank (--on_save_error abort)" in text
         assert not (out / "global_step8").exists()
-        assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+        assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
 
 
 def test_hung_rank_is_reported_within_the_collective_timeout(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setenv("ZCKPT_FAULT", "stall:1:8:120")  # rank 1 blocks in its write like a hung NFS mount
-    text = failed_launch(out, extra=["--collective_timeout", "10"])
+    text = failed_launch(out, collective_timeout=10)
     assert "save of global_step8 stopped" in text and "Timed out waiting 10000ms" in text
-    assert verify.latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+    assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
 
 
 def test_seed_rank0_only_save_is_reported_not_an_endless_hang(tmp_path):
     out = tmp_path / "run"
-    text = failed_launch(out, extra=["--save_mode", "rank0_only", "--collective_timeout", "10"])
+    text = failed_launch(out, save_mode="rank0_only", collective_timeout=10)
     assert "was called on rank 0 only" in text and "every rank must call save_checkpoint" in text
-    assert verify.committed_tags(out) == [] and verify.latest_name(out) is None
+    assert committed_tags(out) == [] and latest_name(out) is None
 
 
 @pytest.fixture
 def copy(ref_run, tmp_path):
     """A private copy of the newest committed checkpoint, to damage."""
-    return checkpoint.copy_checkpoint(ref_run.output_dir, tmp_path / "copy", "global_step12")
+    return copy_checkpoint(ref_run.output_dir, tmp_path / "copy", "global_step12")
 
 
 def shard(ckpt: Path, rank: int) -> Path:
@@ -295,16 +301,16 @@ def test_a_rotation_that_cannot_delete_says_what_it_left(tmp_path, stuck, left):
     with immutable(tmp_path / "global_step4" / stuck):
         deleted, error = rotation.rotate(tmp_path, keep_last=1)
         assert deleted == [] and "EPERM" in error and "global_step4" in error and left in error
-        assert verify.committed_tags(tmp_path)[-1] == "global_step8"
-        assert ("global_step4" in verify.committed_tags(tmp_path)) == (stuck == MANIFEST)
+        assert committed_tags(tmp_path)[-1] == "global_step8"
+        assert ("global_step4" in committed_tags(tmp_path)) == (stuck == MANIFEST)
 
 
 def test_failed_rotation_keeps_the_new_checkpoint_and_latest(copy):
     stuck = shard(copy, 1)  # the old checkpoint cannot be deleted completely
     with immutable(stuck):
-        result = run(copy, 16, resume=True, extra=["--keep_last", "1"])
+        result = run(copy, 16, resume=True, keep_last=1)
         assert result.steps == list(range(12, 16)), "training went on to the end"
-        assert verify.committed_tags(copy) == ["global_step16"] and verify.latest_name(copy) == "global_step16"
+        assert committed_tags(copy) == ["global_step16"] and latest_name(copy) == "global_step16"
         assert verify_cli(copy).returncode == 0, "the new checkpoint is whole and 'latest' names it"
         assert stuck.is_file() and not (copy / "global_step12" / MANIFEST).exists(), "the old one is incomplete"
         [error] = result.data["rotation_errors"]
@@ -317,23 +323,23 @@ def test_failed_rotation_keeps_the_new_checkpoint_and_latest(copy):
 
 def test_atomic_write_leaves_the_old_content_when_interrupted_before_the_rename(tmp_path):
     latest = tmp_path / "latest"
-    commit.atomic_write(latest, "global_step4")
+    atomic_write(latest, "global_step4")
 
     def crash():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        commit.atomic_write(latest, "global_step8", before_rename=crash)
+        atomic_write(latest, "global_step8", before_rename=crash)
     assert latest.read_text() == "global_step4" and (tmp_path / "latest.tmp").read_text() == "global_step8"
 
 
 def test_error_lines_name_errno_rank_and_path(tmp_path):
     wrapped = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
     wrapped.__context__ = OSError(28, "No space left on device")  # how torch's zip writer reports ENOSPC
-    line = commit.describe_error(wrapped, tmp_path / "shard.pt", 1)
+    line = describe_error(wrapped, tmp_path / "shard.pt", 1)
     assert line == f"rank 1: ENOSPC (No space left on device) writing {tmp_path / 'shard.pt'}"
     reports = [{"rank": 0, "need": 6 * 2**20, "free": 2**20}, {"rank": 1, "need": 2**20, "free": 2**20}]
-    assert "rank 0: not enough free space" in commit.space_problem(reports, tmp_path)
+    assert "rank 0: not enough free space" in space_problem(reports, tmp_path)
 
 
 def test_unknown_fault_point_is_refused():
@@ -357,17 +363,17 @@ def plant_payload(ckpt: Path, kind: str, marker: Path, forge: bool) -> Path:
     """Rank 0's `kind` file keeps its content plus the payload; with `forge` the manifest gets its new size and hash."""
     import torch
 
-    from zckpt_nb import safeload
+    from zckpt_nb.convert.safeload import load
 
     path = ckpt / "global_step12" / f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt"
-    state = safeload.load(path)
+    state = load(path)
     state["extra"] = Payload(marker)
     torch.save(state, path)
     if forge:
         manifest = json.loads((path.parent / MANIFEST).read_text())
         for entry in manifest["files"]:
             if entry["path"] == path.name:
-                entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
+                entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_file(path)
         (path.parent / MANIFEST).write_text(json.dumps(manifest))
     return path
 
@@ -383,8 +389,8 @@ def test_a_malicious_pickle_is_refused_and_never_runs(copy, tmp_path, kind, forg
                               timeout=300)
         assert done.returncode == 2 and str(path) in done.stderr and said in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
-    with pytest.raises(verify.CheckpointError, match=said):
-        checkpoint.run_zero_to_fp32(copy, tmp_path / "fp32")
+    with pytest.raises(CheckpointError, match=said):
+        run_zero_to_fp32(copy, tmp_path / "fp32")
     text = failed_launch(copy, resume=True)
     assert path.name in text and said in text
     assert not marker.exists(), "the payload ran"
@@ -406,7 +412,7 @@ def forge_shared(ckpt: Path, name: str) -> None:
     path, manifest_path = ckpt / name, ckpt / "global_step12" / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     [entry] = [e for e in manifest["shared"] if e["path"] == name]
-    entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
+    entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_file(path)
     manifest_path.write_text(json.dumps(manifest))
 
 
@@ -433,8 +439,8 @@ def test_the_manifest_covers_the_tokenizer_and_config(copy, name, edit):
 def test_zero_to_fp32_script_must_be_deepspeeds_own(copy, tmp_path):
     with (copy / "zero_to_fp32.py").open("a") as f:
         f.write("\nimport os; os.system('touch PAYLOAD')\n")
-    with pytest.raises(verify.CheckpointError, match="differs from DeepSpeed's own"):
-        checkpoint.run_zero_to_fp32(copy, tmp_path / "fp32")
+    with pytest.raises(CheckpointError, match="differs from DeepSpeed's own"):
+        run_zero_to_fp32(copy, tmp_path / "fp32")
     assert not (tmp_path / "fp32").exists()
 
 
@@ -446,7 +452,7 @@ def test_a_run_whose_saves_all_fail_ends_with_one_line_and_exit_1(tmp_path):
         assert "Traceback" not in text
         run_json = json.loads((out / "run.json").read_text())  # whole, and it says what failed
         assert [f["step"] for f in run_json["failed_saves"]] == [4, 8, 12] and run_json["latest_tag"] is None
-        assert verify.committed_tags(out) == []
+        assert committed_tags(out) == []
 
 
 def test_a_run_json_that_cannot_be_written_is_one_line_and_exit_1(tmp_path):
@@ -455,4 +461,4 @@ def test_a_run_json_that_cannot_be_written_is_one_line_and_exit_1(tmp_path):
     text = failed_launch(out, 4)
     assert "rank 0: run.json was not written (rank 0: EISDIR" in text and "Traceback" not in text
     assert not (out / "run.json").exists(), "no half-written run.json"
-    assert verify.committed_tags(out) == ["global_step4"], "the save itself committed"
+    assert committed_tags(out) == ["global_step4"], "the save itself committed"

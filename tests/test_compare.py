@@ -8,21 +8,21 @@ import time
 import pytest
 from conftest import procs_mentioning
 
-from zckpt_nb import compare
-from zckpt_nb.costs import predict
-from zckpt_nb.measure import MODES
-from zckpt_nb.widgets import CompareWidget
+from zckpt_nb.lessons.compare import MODES, compare
+from zckpt_nb.plan.calibration import RESULTS
+from zckpt_nb.plan.costs import predict
+from zckpt_nb.ui.widgets import CompareWidget
 
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    return out, compare.compare([2], "tiny", list(MODES), out)
+    return out, compare([2], "tiny", list(MODES), out)
 
 
 def test_every_mode_has_a_record_per_rank(compared):
     _, records = compared
-    saved = json.loads((compared[0] / compare.RESULTS).read_text())
+    saved = json.loads((compared[0] / RESULTS).read_text())
     assert {(r["mode"], r["rank"]) for r in saved} == {(m, 0) for m in MODES} | {
         ("partitioned", 1), ("gathered16", 1), ("per_param", 1)}
     for r in records:
@@ -88,8 +88,8 @@ def test_widget_offers_any_world_size_and_adds_typed_ones(tmp_path):
 
 def test_stop_kills_every_rank_and_keeps_what_was_measured(compared, tmp_path):
     out, first = compared
-    (tmp_path / compare.RESULTS).write_text((out / compare.RESULTS).read_text())
-    kept = (tmp_path / compare.RESULTS).read_text()
+    (tmp_path / RESULTS).write_text((out / RESULTS).read_text())
+    kept = (tmp_path / RESULTS).read_text()
     panel = CompareWidget(tmp_path, default_sizes=(2, 3), default_modes=("partitioned",), steps=100_000)
     started = time.monotonic()
     panel.button.click()
@@ -104,7 +104,7 @@ def test_stop_kills_every_rank_and_keeps_what_was_measured(compared, tmp_path):
     assert not panel.running, "Stop did not end the job"
     assert "stopped" in panel.status.value and "N = [2]" in panel.status.value, panel.status.value
     assert procs_mentioning(str(tmp_path)) == []
-    assert (tmp_path / compare.RESULTS).read_text() == kept
+    assert (tmp_path / RESULTS).read_text() == kept
     assert [r["seconds"] for r in panel.records] == [r["seconds"] for r in first if r["mode"] == "partitioned"]
     assert "N = [2, 3]" in panel.title.value and bytes(panel.chart.value).startswith(b"\x89PNG")
 

@@ -9,12 +9,14 @@ import time
 import pytest
 import torch
 
-from zckpt_nb import consolidate, measure
-from zckpt_nb.export import corpus_overlap, measure_export, reload_in_fresh_process
-from zckpt_nb.launch import launch
+from zckpt_nb.convert.export import corpus_overlap, measure_export, reload_in_fresh_process
+from zckpt_nb.convert.zero_to_fp32 import measure_offline
+from zckpt_nb.lessons.consolidation import compare_weights, load_weights, reference_state_dict
+from zckpt_nb.measure import meters
+from zckpt_nb.run.launch import launch
 
 STEPS = 150  # enough for greedy text that reads like the corpus
-ROUTE_FLAGS = ["--save_16bit", "--save_gathered", "--save_reference"]
+ROUTES = {"save_16bit": True, "save_gathered": True, "save_reference": True}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -25,18 +27,18 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def routes_run(tmp_path_factory):
     """Train tiny on 2 CPU ranks, save partitioned, then routes 1 and 2 and the independent reference."""
     out = tmp_path_factory.mktemp("routes")
-    return launch(2, STEPS, out, save_checkpoint=True, extra=ROUTE_FLAGS, verbose=False, progress=False, timeout=600)
+    return launch(2, STEPS, out, save_checkpoint=True, **ROUTES, verbose=False, progress=False, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def reference(routes_run):
-    return consolidate.reference_state_dict(routes_run.output_dir)
+    return reference_state_dict(routes_run.output_dir)
 
 
 @pytest.fixture(scope="module")
 def offline(routes_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("offline") / "fp32"
-    return out, consolidate.measure_offline(routes_run.output_dir, out)
+    return out, measure_offline(routes_run.output_dir, out)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def test_peak_rss_sees_a_large_allocation_during_the_block():
         time.sleep(0.3)
         big.sum()
 
-    cost = measure.measure("probe", hold, written=list)
+    cost = meters.measure("probe", hold, written=list)
     assert cost.extra_peak_bytes >= 150 * 2**20 and cost.peak_memory_bytes >= cost.extra_peak_bytes
     assert cost.heap_extra_peak_bytes >= 190 * 2**20  # the 200 MB tensor, seen by malloc's own count
     assert cost.comm_bytes == 0 and cost.bytes_written == 0  # no process group: nothing could be communicated
@@ -68,27 +70,27 @@ def dirty_bytes() -> int:
 def test_flush_writes_leaves_no_earlier_write_for_the_next_timed_route(tmp_path):
     (tmp_path / "buffered").write_bytes(b"x" * 2**26)  # 64 MiB through the page cache, no fsync
     before = dirty_bytes()
-    measure.flush_writes()
+    meters.flush_writes()
     assert before >= 2**25 and dirty_bytes() < before - 2**25
 
 
 def test_comm_delta_keeps_only_what_happened_between_snapshots():
     before = {"all_gather_into_tensor": {100: 3}, "barrier": {0: 1}}
     after = {"all_gather_into_tensor": {100: 4, 300: 1}, "barrier": {0: 1}, "broadcast": {64: 1}}
-    assert measure.comm_delta(before, after) == {
+    assert meters.comm_delta(before, after) == {
         "all_gather_into_tensor": {"count": 2, "bytes": 400, "max_bytes": 300},
         "broadcast": {"count": 1, "bytes": 64, "max_bytes": 64}}
-    assert measure.comm_delta(None, after) is None
+    assert meters.comm_delta(None, after) is None
 
 
 def test_compare_catches_one_changed_element_and_a_missing_tensor():
     ref = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(4)}
     same = {k: v.clone() for k, v in ref.items()}
-    assert consolidate.compare(same, ref)["exact"]
+    assert compare_weights(same, ref)["exact"]
     same["a"][1, 2] += 1e-6
-    result = consolidate.compare(same, ref)
+    result = compare_weights(same, ref)
     assert not result["exact"] and result["max_abs_diff"] > 0
-    assert consolidate.compare({"a": ref["a"]}, ref)["missing"] == ["b"]
+    assert compare_weights({"a": ref["a"]}, ref)["missing"] == ["b"]
 
 
 # --- the routes agree with the engine's own weights ---
@@ -101,13 +103,13 @@ def test_reference_holds_every_parameter_of_the_engine(routes_run, reference):
 def route_weights(name, routes_run, offline, hf):
     paths = {"gathered16": routes_run.output_dir / "gathered16", "per_param": routes_run.output_dir / "per_param",
              "offline": offline[0], "hf": hf[0]}
-    return consolidate.load_weights(paths[name])
+    return load_weights(paths[name])
 
 
 @pytest.mark.parametrize("route", ["gathered16", "per_param", "offline", "hf"])
 def test_every_tensor_of_every_route_equals_the_engine_weights_exactly(route, routes_run, reference, offline, hf):
     weights = route_weights(route, routes_run, offline, hf)
-    result = consolidate.compare(weights, reference)
+    result = compare_weights(weights, reference)
     assert result["missing"] == [] and result["bad_shape"] == []
     assert result["exact"], f"{route}: max abs difference {result['max_abs_diff']}"
     # route 1 is "16-bit" only when training is: CPU fp32 runs keep fp32, so it must be exact too
@@ -176,7 +178,7 @@ def test_offline_and_hf_read_every_shard_and_communicate_nothing(routes_run, off
     for out, cost in (offline, hf):
         assert cost.rank == 0 and cost.comm_bytes == 0 and cost.comm_ops == {}
         assert cost.bytes_read == sum(p.stat().st_size for p in shards)
-        assert cost.bytes_written == sum(p.stat().st_size for p in measure.files_under(out)) > 0
+        assert cost.bytes_written == sum(p.stat().st_size for p in meters.files_under(out)) > 0
 
 
 # --- the HF export, reloaded without DeepSpeed ---
@@ -214,7 +216,7 @@ def test_export_cli_shards_above_max_shard_size(routes_run, reference, tmp_path)
     names_in = {p.name: [k for k, v in index["weight_map"].items() if v == p.name] for p in shards}
     for p in shards:  # within the limit (plus the JSON header), unless one tensor alone is larger
         assert p.stat().st_size <= 200_000 + 2**14 or len(names_in[p.name]) == 1
-    assert consolidate.compare(consolidate.load_weights(out), reference)["exact"]
+    assert compare_weights(load_weights(out), reference)["exact"]
 
 
 # --- bad input: one line, exit 2, nothing written ---
@@ -299,8 +301,8 @@ def long_prompt(tokenizer, tokens):
 def test_generate_refuses_a_prompt_that_does_not_fit_the_context(hf):
     from transformers import AutoTokenizer
 
-    from zckpt_nb.export import generate
-    from zckpt_nb.launch import UsageError
+    from zckpt_nb.convert.export import generate
+    from zckpt_nb.errors import UsageError
 
     tokenizer = AutoTokenizer.from_pretrained(hf[0])
     done = cli("generate", str(hf[0]), "--prompt", long_prompt(tokenizer, 60), "--max_new_tokens", "10")
@@ -328,7 +330,8 @@ def test_export_folder_and_files_get_the_modes_of_the_process_umask(routes_run, 
 def test_model_card_states_the_run_facts_and_the_hub_front_matter(routes_run, hf):
     from transformers import AutoConfig, AutoTokenizer
 
-    from zckpt_nb.verify import MANIFEST, sha256_file
+    from zckpt_nb.format.layout import MANIFEST
+    from zckpt_nb.format.manifest import sha256_file
 
     card = (hf[0] / "README.md").read_text()
     front, body = card.split("---\n")[1], card.split("---\n", 2)[2]

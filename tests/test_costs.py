@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from zckpt_nb.costs import fixed_tensor_bytes, padding, predict, slice_numel, tensor_numels
-from zckpt_nb.inspect import inspect_checkpoint
-from zckpt_nb.launch import launch
+from zckpt_nb.convert.inspect import inspect_checkpoint
+from zckpt_nb.format.sizes import fixed_tensor_bytes, padding, slice_numel
 from zckpt_nb.model import param_count
-from zckpt_nb.shards import file_bytes
+from zckpt_nb.plan.costs import file_bytes, predict, tensor_numels
+from zckpt_nb.run.launch import launch
 
 
 def test_each_tensor_is_padded_to_a_multiple_of_n():

@@ -4,8 +4,10 @@ import os
 
 import pytest
 
-from zckpt_nb import engines, stall, verify
-from zckpt_nb.launch import launch
+from zckpt_nb.format.layout import latest_name
+from zckpt_nb.lessons import stall
+from zckpt_nb.run.launch import launch
+from zckpt_nb.saving import engines
 
 
 def test_the_launcher_variables_are_set_as_deepspeeds_launcher_would(monkeypatch):
@@ -28,7 +30,7 @@ def test_only_deepspeeds_writers_get_a_writer_section():
 def test_deepspeeds_engines_save_under_torchrun(mode, tmp_path):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    run = launch(2, 4, tmp_path / mode, save_every=2, model="tiny", extra=["--save_mode", mode], verbose=False,
+    run = launch(2, 4, tmp_path / mode, save_every=2, model="tiny", save_mode=mode, verbose=False,
                  progress=False, timeout=300)
     saves = stall.run_records(run.output_dir, mode)
     assert [(s["rank"], s["tag"]) for s in saves] == [(0, "global_step2"), (0, "global_step4"),
@@ -40,9 +42,9 @@ def test_deepspeeds_engines_save_under_torchrun(mode, tmp_path):
     waited = [s for s in saves if s["later_wait_seconds"] > 0]
     if mode == "ds_decoupled":  # the step after a save, and the run's end, waited for the writer process
         assert len(waited) == 4 and all(s["stall_seconds"] > s["later_wait_seconds"] for s in waited)
-        assert verify.latest_name(run.output_dir) == "global_step2"  # DeepSpeed writes no `latest` for the last one
+        assert latest_name(run.output_dir) == "global_step2"  # DeepSpeed writes no `latest` for the last one
     else:
-        assert not waited and verify.latest_name(run.output_dir) == "global_step4"
+        assert not waited and latest_name(run.output_dir) == "global_step4"
 
 
 def test_fastpersists_writer_is_tried_and_its_error_told_in_one_line(tmp_path):

@@ -14,8 +14,11 @@ import psutil
 import pytest
 from conftest import procs_mentioning
 
-from zckpt_nb import lock, verify
-from zckpt_nb.launch import LaunchTimeout, launch
+from zckpt_nb.convert.verify import verify_tag
+from zckpt_nb.errors import LaunchTimeout
+from zckpt_nb.format.layout import committed_tags, incomplete_tags
+from zckpt_nb.run import lock
+from zckpt_nb.run.launch import launch
 
 CLI = [sys.executable, "-m", "zckpt_nb", "train"]
 
@@ -78,7 +81,7 @@ def test_interrupting_the_caller_leaves_no_orphan_rank(tmp_path):
     # A Jupyter kernel turns SIGINT into KeyboardInterrupt while a cell runs, whatever it inherited; a process started
     # in the background of a shell without job control (`cmd &` in a script) inherits SIGINT ignored, so say it here
     script = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-              "from zckpt_nb.launch import launch\n"
+              "from zckpt_nb.run.launch import launch\n"
               f"launch(2, 1_000_000, {str(out)!r}, timeout=300, progress=False)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -111,7 +114,7 @@ def test_restarting_the_notebook_kernel_during_a_launch_leaves_no_rank(tmp_path)
     client.start_channels()
     try:
         client.wait_for_ready(timeout=120)
-        client.execute("from zckpt_nb.launch import launch\n"
+        client.execute("from zckpt_nb.run.launch import launch\n"
                        f"launch(2, 1_000_000, {str(out)!r}, timeout=300, progress=False)")
         deadline = time.monotonic() + 120  # until torchrun and both ranks run
         while len(procs_mentioning(str(out))) < 3 and time.monotonic() < deadline:
@@ -165,9 +168,9 @@ def test_no_rank_outlives_its_launcher_however_it_is_killed(tmp_path, kill, exit
         cli.wait()
     assert left == [], "processes of the job outlived it by 10 s"
     assert cli.returncode == exit_code and says in text
-    assert len(verify.incomplete_tags(out)) <= 1
-    for tag in verify.committed_tags(out):
-        verify.verify_tag(out, tag)
+    assert len(incomplete_tags(out)) <= 1
+    for tag in committed_tags(out):
+        verify_tag(out, tag)
 
 
 def test_a_second_job_on_the_same_folder_is_refused_naming_the_first(tmp_path):
@@ -217,8 +220,8 @@ def test_a_lock_this_host_cannot_judge_is_refused_and_kept(tmp_path, content, me
 
 def test_a_log_that_cannot_be_written_is_reported_and_hides_nothing(tmp_path, capsys):
     """A full disk at the job's end (the log goes into the output folder) must not mask the job's own outcome."""
-    from zckpt_nb import faults
-    from zckpt_nb.launch import keep_log
+    from zckpt_nb.run.launch import keep_log
+    from zckpt_nb.saving import faults
 
     with faults.tmpfs(tmp_path / "ro", "ro,size=1m") as why:
         if why:

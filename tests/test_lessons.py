@@ -11,12 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from zckpt_nb import claims, compare, faults, verify
-from zckpt_nb.cli import build_parser, worker_flags
-from zckpt_nb.costs import exact_ratio, meta_model, persistent, predict, tensor_numels
-from zckpt_nb.launch import LaunchError, UsageError, launch, rank_lines
-from zckpt_nb.model import deepspeed_persistence_default, ln_vocab
-from zckpt_nb.notebooks import check_parameters, parameter_names
+from zckpt_nb.errors import LaunchError, UsageError
+from zckpt_nb.format.layout import RANK_FILE, latest_name
+from zckpt_nb.format.sizes import exact_ratio
+from zckpt_nb.lessons import claims
+from zckpt_nb.lessons.compare import op_differences
+from zckpt_nb.lessons.notebooks import check_parameters, parameter_names
+from zckpt_nb.model import deepspeed_persistence_default, ln_vocab, meta_model
+from zckpt_nb.plan.costs import persistent, predict, tensor_numels
+from zckpt_nb.run.launch import launch
+from zckpt_nb.run.logs import rank_lines
+from zckpt_nb.saving import faults
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -51,7 +56,7 @@ def test_op_differences_list_the_ops_that_differ_with_both_figures():
     r = {"predicted_comm_ops": {"all_gather_into_tensor": 100, "broadcast": 50},
          "logged_comm_op_bytes": {"all_gather_into_tensor": 60, "broadcast": 50}, "logged_comm_ops": {
              "all_gather_into_tensor": 3, "broadcast": 2}}
-    assert compare.op_differences(r) == ["all_gather_into_tensor: logged 60 B in 3 ops, predicted 100 B"]
+    assert op_differences(r) == ["all_gather_into_tensor: logged 60 B in 3 ops, predicted 100 B"]
 
 
 def test_exact_ratio_and_persistent_tensors():
@@ -81,15 +86,6 @@ def test_notebooks_cli_refuses_an_unknown_parameter_before_running_anything(tmp_
     assert not list(tmp_path.iterdir())
 
 
-def test_train_cli_forwards_every_worker_flag_it_was_given():
-    args = build_parser().parse_args(["train", "--output_dir", "x", "--gather_16bit", "off", "--save_16bit",
-                                      "--init", "bare_zero_init", "--persistence_threshold", "7"])
-    flags = worker_flags(args)
-    assert flags[flags.index("--gather_16bit") + 1] == "off" and "--save_16bit" in flags
-    assert flags[flags.index("--init") + 1] == "bare_zero_init"
-    assert "--persistence_threshold" not in flags  # launch() passes it itself
-
-
 @pytest.fixture(scope="module")
 def persistent_run(tmp_path_factory):
     """DeepSpeed's default threshold: every tensor of tiny stays whole on both ranks."""
@@ -114,12 +110,12 @@ def test_persistence_threshold_changes_what_ranks_hold_and_what_a_save_gathers(p
 
 
 def test_bare_zero_init_starts_far_from_ln_vocab(tmp_path):
-    run = launch(2, 2, tmp_path, verbose=False, progress=False, extra=["--init", "bare_zero_init"])
+    run = launch(2, 2, tmp_path, verbose=False, progress=False, init="bare_zero_init")
     assert run.losses[0] > 2 * ln_vocab("tiny")  # the trap: weights never initialised
 
 
 def test_save_16bit_with_the_gather_flag_off_writes_nothing_and_says_so(tmp_path):
-    run = launch(2, 2, tmp_path, verbose=False, progress=False, extra=["--save_16bit", "--gather_16bit", "off"])
+    run = launch(2, 2, tmp_path, verbose=False, progress=False, save_16bit=True, gather_16bit="off")
     lines = [line for found in rank_lines(tmp_path, last=100).values() for line in found]
     assert sum("save_16bit_model returned False and wrote nothing" in line for line in lines) == 2
     assert not list((tmp_path / "gathered16").glob("*"))
@@ -129,7 +125,7 @@ def test_save_16bit_with_the_gather_flag_off_writes_nothing_and_says_so(tmp_path
 def test_seed_snippet_makes_no_rank_claim_a_failed_save(tmp_path):
     with pytest.raises(LaunchError):
         launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False,
-               extra=["--save_mode", "rank0_only", "--collective_timeout", "10"])
+               save_mode="rank0_only", collective_timeout=10)
     lines = rank_lines(tmp_path, last=50)
     assert not any("failed" in line and "save" in line for line in lines["rank 1"])  # it skipped the block
     assert any("was called on rank 0 only" in line for line in lines["rank 0"])
@@ -137,8 +133,8 @@ def test_seed_snippet_makes_no_rank_claim_a_failed_save(tmp_path):
 
 def test_deepspeeds_plain_save_moves_latest_before_every_shard_exists(tmp_path):
     with faults.injected("shards:1:4:2"), pytest.raises(LaunchError):
-        launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False, extra=["--save_mode", "plain"])
-    tag = verify.latest_name(tmp_path)
+        launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False, save_mode="plain")
+    tag = latest_name(tmp_path)
     assert tag == "global_step4"
-    found = {m.group(1, 2) for p in (tmp_path / tag).iterdir() if (m := verify.RANK_FILE.search(p.name))}
+    found = {m.group(1, 2) for p in (tmp_path / tag).iterdir() if (m := RANK_FILE.search(p.name))}
     assert ("1", "model") in found and ("1", "optim") not in found  # latest names a checkpoint missing a shard

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from zckpt_nb import checkpoint, lock, verify
-from zckpt_nb.launch import free_port, kill_tree
-from zckpt_nb.verify import MANIFEST
+from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
+from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name
+from zckpt_nb.run import lock
+from zckpt_nb.run.launch import free_port, kill_tree
 
 STEPS, EVERY = 6, 2
 LAYOUT_LINE = "is not one shared folder: node 1"
@@ -66,8 +67,8 @@ def shared_run(tmp_path_factory) -> Path:
 
 
 def test_two_nodes_share_one_folder_commit_rotate_and_verify(shared_run):
-    assert verify.committed_tags(shared_run) == ["global_step4", "global_step6"]  # global_step2 rotated away
-    assert verify.latest_name(shared_run) == "global_step6"
+    assert committed_tags(shared_run) == ["global_step4", "global_step6"]  # global_step2 rotated away
+    assert latest_name(shared_run) == "global_step6"
     manifest = json.loads((shared_run / "global_step6" / MANIFEST).read_text())
     assert manifest["world_size"] == 2 and sorted({f["rank"] for f in manifest["files"]}) == [0, 1]
     done = verify_cli(shared_run)
@@ -84,7 +85,7 @@ def test_two_nodes_resume_from_the_shared_folder(shared_run, tmp_path):
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
     again, first = losses(out), losses(shared_run)
     assert sorted(again) == [4, 5] and max(abs(again[s] - first[s]) for s in again) <= 1e-5
-    assert verify.latest_name(out) == "global_step6" and verify_cli(out).returncode == 0
+    assert latest_name(out) == "global_step6" and verify_cli(out).returncode == 0
 
 
 def test_separate_folders_without_node_local_storage_are_refused_in_one_line(tmp_path):
@@ -104,13 +105,13 @@ def test_a_node_killed_mid_save_keeps_the_previous_commit_and_resumes(shared_run
     results = two_nodes([out, out], "--save_every", str(EVERY), "--collective_timeout", "60", fault=f"{point}:1:4")
     assert results[0][0] != 0 and results[1][0] != 0
     assert f"rank 1 injects '{point}'" in results[1][1]
-    assert verify.latest_name(out) == "global_step2" and verify.committed_tags(out) == ["global_step2"]
+    assert latest_name(out) == "global_step2" and committed_tags(out) == ["global_step2"]
     assert verify_cli(out).returncode == 0
     results = two_nodes([out, out], "--resume", "--save_every", str(EVERY))
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
     again, first = losses(out), losses(shared_run)
     assert sorted(again) == [2, 3, 4, 5] and max(abs(again[s] - first[s]) for s in again) <= 1e-5
-    assert verify.latest_name(out) == "global_step6" and verify_cli(out).returncode == 0
+    assert latest_name(out) == "global_step6" and verify_cli(out).returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +126,8 @@ def local_run(tmp_path_factory) -> list[Path]:
 
 def test_node_local_folders_hold_their_part_and_a_manifest_of_the_whole(local_run):
     for node, out in enumerate(local_run):
-        assert verify.committed_tags(out) == ["global_step4", "global_step6"]  # rotated on every node
-        assert verify.latest_name(out) == "global_step6"
+        assert committed_tags(out) == ["global_step4", "global_step6"]  # rotated on every node
+        assert latest_name(out) == "global_step6"
         own = [f"zero_pp_rank_{node}_mp_rank_00_{kind}_states.pt" for kind in ("model", "optim")]
         assert sorted(p.name for p in (out / "global_step6").iterdir()) == [MANIFEST, *own]
         manifest = json.loads((out / "global_step6" / MANIFEST).read_text())
@@ -147,7 +148,7 @@ def test_collect_assembles_the_parts_for_export_and_zero_to_fp32(local_run, tmp_
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert verify_cli(whole).stdout.startswith("ok: global_step6 (step 6, 2 ranks, 4 files")
-    state = torch.load(checkpoint.run_zero_to_fp32(whole, tmp_path / "fp32") / "pytorch_model.bin",
+    state = torch.load(run_zero_to_fp32(whole, tmp_path / "fp32") / "pytorch_model.bin",
                        map_location="cpu", weights_only=True)
     assert sum({t.data_ptr(): t.numel() for t in state.values()}.values()) == json.loads(
         (local_run[0] / "run.json").read_text())["num_params"]
@@ -171,7 +172,7 @@ def test_node_local_resume_takes_the_newest_checkpoint_committed_on_every_node(l
     assert "(not committed on every node)" in note and note.endswith("resuming from global_step4")
     again, first = losses(dirs[0]), losses(shared_run)  # the same job as the shared one, file for file
     assert sorted(again) == [4, 5] and max(abs(again[s] - first[s]) for s in again) <= 1e-5
-    assert all(verify_cli(out).returncode == 0 and verify.latest_name(out) == "global_step6" for out in dirs)
+    assert all(verify_cli(out).returncode == 0 and latest_name(out) == "global_step6" for out in dirs)
 
 
 def test_node_local_storage_in_one_shared_folder_is_refused(tmp_path):

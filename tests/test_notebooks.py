@@ -11,9 +11,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from zckpt_nb import claims, compare, offline, planning, stall
-from zckpt_nb.launch import RunResult
-from zckpt_nb.notebooks import execute, notebook_paths
+from zckpt_nb.lessons import claims, offline, stall
+from zckpt_nb.lessons.compare import MODES, agreement, select
+from zckpt_nb.lessons.notebooks import execute, notebook_paths
+from zckpt_nb.plan.calibration import load_records
+from zckpt_nb.plan.planning import Bandwidths, plan, verdict
+from zckpt_nb.run.launch import RunResult
 
 NOTEBOOKS = notebook_paths(Path(__file__).resolve().parents[1] / "notebooks")
 BY_PREFIX = {p.name[:2]: p for p in NOTEBOOKS}
@@ -70,15 +73,15 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
     if prefix == "03":
         measured = json.loads((runs / "offline_routes" / "routes.json").read_text())
         p = RunResult.from_dir(runs / "run", [], 0.0).num_params
-        rows = offline.summary(measured["records"], measured["baseline"], p * 4)
+        rows = offline.memory_summary(measured["records"], measured["baseline"], p * 4)
         sizes = {**parameter_defaults(BY_PREFIX["03"]), **parameters}["SHARD_SIZES"]
-        assert all(offline.verdict(rows, size) in text for size in sizes)
+        assert all(offline.memory_verdict(rows, size) in text for size in sizes)
         assert [r["--max_shard_size"] for r in rows] == [s for s in sizes for _ in offline.ROUTES]
     if prefix == "05":
         sizes, threshold = parameters.get("WORLD_SIZES", [1, 2]), parameters.get("PERSISTENCE_THRESHOLD", 0)
-        modes = parameters.get("MODES", list(compare.MODES))
-        records = compare.select(compare.load_records(runs), "tiny", sizes, modes, threshold)
-        assert claims.agreement_verdict(compare.agreement(records)) in text
+        modes = parameters.get("MODES", list(MODES))
+        records = select(load_records(runs), "tiny", sizes, modes, threshold)
+        assert claims.agreement_verdict(agreement(records)) in text
         save_modes = {**parameter_defaults(BY_PREFIX["05"]), **parameters}["SAVE_MODES"]
         saves = [r for m in save_modes for r in stall.run_records(runs / f"stall_{m}", m)]
         assert stall.stall_sentence(stall.summary(saves)) in text
@@ -98,10 +101,10 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         assert stall.overlap_sentence(stall.step_rows(loaded)) in text
     if prefix == "09":
         get = {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
-        bw = planning.Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"),
+        bw = Bandwidths(get("WRITE_GBPS"), get("READ_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"),
                                  get("FILE_MS"))
         n = get("NODES") * get("GPUS_PER_NODE")
-        assert planning.verdict(planning.plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
+        assert verdict(plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
                                 bw) in text
 
 

@@ -11,9 +11,15 @@ import time
 import pytest
 from conftest import RESUME_STEP, STEPS
 
-from zckpt_nb import checkpoint, consolidate, reshard, verify
-from zckpt_nb.export import export
-from zckpt_nb.launch import launch
+from zckpt_nb.convert.collect import copy_checkpoint
+from zckpt_nb.convert.export import export
+from zckpt_nb.convert.reshard import convert, ensure_universal, reusable
+from zckpt_nb.convert.verify import verify_universal
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.layout import MANIFEST, UNIVERSAL
+from zckpt_nb.format.manifest import sha256_file
+from zckpt_nb.lessons.consolidation import compare_weights, load_weights
+from zckpt_nb.run.launch import launch
 
 TAG = f"global_step{RESUME_STEP}"
 
@@ -26,7 +32,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def source(full_run, tmp_path_factory):
     """The 2-rank step-50 checkpoint of the session's default run, alone in a folder."""
-    return checkpoint.copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("source"), TAG)
+    return copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("source"), TAG)
 
 
 @pytest.mark.parametrize("world", [1, 3, 4])
@@ -41,24 +47,24 @@ def test_resume_on_another_world_size_continues_the_same_optimisation(full_run, 
     assert done["source_world_size"] == 2 and not done["reused"]
     assert done["conversion"]["seconds"] > 0 and done["conversion"]["peak_rss_bytes"] > 2**20
     assert any(f"this run has {world}: converted it to a universal checkpoint" in line for line in run.log)
-    verify.verify_universal(dst / reshard.UNIVERSAL / TAG)  # committed: every file's size and SHA-256
+    verify_universal(dst / UNIVERSAL / TAG)  # committed: every file's size and SHA-256
 
 
 def test_export_after_a_universal_load_equals_the_source_export(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
     assert cli("reshard", dst).returncode == 0
     # --steps = the checkpoint's step: load on 3 ranks, train nothing, gather every parameter (route 2)
-    run = launch(3, RESUME_STEP, dst, resume=True, extra=["--save_gathered"], verbose=False, progress=False,
+    run = launch(3, RESUME_STEP, dst, resume=True, save_gathered=True, verbose=False, progress=False,
                  timeout=600)
     assert run.data["resharded"]["reused"], "the copy `reshard` made was converted again"
-    gathered = consolidate.load_weights(dst / "per_param")
-    exported = consolidate.load_weights(export(source, tmp_path / "export", tag=TAG))
-    assert consolidate.compare(gathered, exported)["exact"]
+    gathered = load_weights(dst / "per_param")
+    exported = load_weights(export(source, tmp_path / "export", tag=TAG))
+    assert compare_weights(gathered, exported)["exact"]
 
 
 def test_a_crash_mid_conversion_is_never_loaded(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
-    partial = dst / reshard.UNIVERSAL / f"{TAG}.converting"
+    partial = dst / UNIVERSAL / f"{TAG}.converting"
     child = subprocess.Popen([sys.executable, "-m", "zckpt_nb.reshard", dst / TAG, partial],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -66,40 +72,40 @@ def test_a_crash_mid_conversion_is_never_loaded(source, tmp_path):
         time.sleep(0.01)
     child.kill()  # kill -9 once the converter has written part of its output
     child.wait()
-    assert any(partial.rglob("*.pt")) and not (partial / verify.MANIFEST).exists()
-    assert reshard.reusable(dst, TAG) is None
-    with pytest.raises(verify.CheckpointError, match="took over"):
-        reshard.convert(dst, TAG, timeout=0.5)  # a conversion past its bound stops, nothing committed
-    assert reshard.reusable(dst, TAG) is None
-    manifest, reused = reshard.ensure_universal(dst, TAG)
+    assert any(partial.rglob("*.pt")) and not (partial / MANIFEST).exists()
+    assert reusable(dst, TAG) is None
+    with pytest.raises(CheckpointError, match="took over"):
+        convert(dst, TAG, timeout=0.5)  # a conversion past its bound stops, nothing committed
+    assert reusable(dst, TAG) is None
+    manifest, reused = ensure_universal(dst, TAG)
     assert not reused and manifest["source_world_size"] == 2 and not partial.exists()
 
 
 def test_a_damaged_or_stale_copy_is_converted_again(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
-    manifest, _ = reshard.ensure_universal(dst, TAG)
-    assert reshard.ensure_universal(dst, TAG)[1], "an intact copy is reused"
-    victim = dst / reshard.UNIVERSAL / TAG / manifest["files"][-1]["path"]
+    manifest, _ = ensure_universal(dst, TAG)
+    assert ensure_universal(dst, TAG)[1], "an intact copy is reused"
+    victim = dst / UNIVERSAL / TAG / manifest["files"][-1]["path"]
     data = victim.read_bytes()
     victim.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
-    bad = cli("verify", dst / reshard.UNIVERSAL, "--tag", TAG)
+    bad = cli("verify", dst / UNIVERSAL, "--tag", TAG)
     assert bad.returncode == 1 and "does not match its SHA-256" in bad.stderr and len(bad.stderr.splitlines()) == 1
-    assert not reshard.ensure_universal(dst, TAG)[1]
+    assert not ensure_universal(dst, TAG)[1]
     # a copy of other bytes than the source's current ones (its manifest hash changed) is stale too
-    source_manifest = dst / TAG / verify.MANIFEST
+    source_manifest = dst / TAG / MANIFEST
     source_manifest.write_text(source_manifest.read_text() + "\n")
-    assert reshard.reusable(dst, TAG) is None
+    assert reusable(dst, TAG) is None
 
 
 def test_a_universal_manifest_cannot_point_outside_its_folder(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
-    reshard.ensure_universal(dst, TAG)
-    path = dst / reshard.UNIVERSAL / TAG / verify.MANIFEST
+    ensure_universal(dst, TAG)
+    path = dst / UNIVERSAL / TAG / MANIFEST
     manifest = json.loads(path.read_text())
     manifest["files"][0]["path"] = "../../" + TAG + "/" + manifest["files"][0]["path"]
     path.write_text(json.dumps(manifest))
-    with pytest.raises(verify.CheckpointError, match="not a file of"):
-        verify.verify_universal(path.parent)
+    with pytest.raises(CheckpointError, match="not a file of"):
+        verify_universal(path.parent)
 
 
 def test_reshard_inspect_and_verify_from_the_shell(source, tmp_path):
@@ -107,11 +113,11 @@ def test_reshard_inspect_and_verify_from_the_shell(source, tmp_path):
     done = cli("reshard", dst)
     assert done.returncode == 0, done.stderr
     assert f"{TAG} was saved by 2 rank(s)" in done.stdout and "every size and SHA-256 matches" in done.stdout
-    shown = cli("inspect", dst / reshard.UNIVERSAL, "--tag", TAG)
+    shown = cli("inspect", dst / UNIVERSAL, "--tag", TAG)
     assert shown.returncode == 0 and "transformer.wte.weight" in shown.stdout
-    assert f"{json.loads((dst / TAG / verify.MANIFEST).read_text())['identity']['num_params']:,} elements" \
+    assert f"{json.loads((dst / TAG / MANIFEST).read_text())['identity']['num_params']:,} elements" \
         in shown.stdout
-    assert cli("verify", dst / reshard.UNIVERSAL, "--tag", TAG).returncode == 0
+    assert cli("verify", dst / UNIVERSAL, "--tag", TAG).returncode == 0
     missing = cli("reshard", tmp_path / "nothing")
     assert missing.returncode == 1 and "no committed checkpoint" in missing.stderr
 
@@ -132,13 +138,13 @@ def test_a_malicious_pickle_in_a_forged_universal_copy_never_runs(source, tmp_pa
     import torch
 
     dst = shutil.copytree(source, tmp_path / "ckpt")
-    manifest, _ = reshard.ensure_universal(dst, TAG)
-    folder, marker = dst / reshard.UNIVERSAL / TAG, tmp_path / "PAYLOAD_RAN"
+    manifest, _ = ensure_universal(dst, TAG)
+    folder, marker = dst / UNIVERSAL / TAG, tmp_path / "PAYLOAD_RAN"
     entry = next(e for e in manifest["files"] if e["path"].endswith("fp32.pt"))
     path = folder / entry["path"]
     torch.save({"weights": torch.load(path), "extra": Payload(marker)}, path)
-    entry["bytes"], entry["sha256"] = path.stat().st_size, verify.sha256_file(path)
-    (folder / verify.MANIFEST).write_text(json.dumps(manifest))  # forged: every size and hash matches again
-    with pytest.raises(verify.CheckpointError, match="outside the allowlist") as refused:
-        reshard.ensure_universal(dst, TAG)  # what a resume on another world size calls first
+    entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_file(path)
+    (folder / MANIFEST).write_text(json.dumps(manifest))  # forged: every size and hash matches again
+    with pytest.raises(CheckpointError, match="outside the allowlist") as refused:
+        ensure_universal(dst, TAG)  # what a resume on another world size calls first
     assert entry["path"] in str(refused.value) and not marker.exists(), "the payload ran"

@@ -5,18 +5,19 @@ from __future__ import annotations
 import pytest
 from conftest import STEPS
 
-from zckpt_nb import checkpoint, schedule
-from zckpt_nb.launch import launch
+from zckpt_nb.convert.collect import copy_checkpoint
+from zckpt_nb.run.launch import launch
+from zckpt_nb.saving import schedule
 
 LONGER = STEPS + 20
 
 
-@pytest.fixture(scope="module", params=[[], ["--new_schedule"]], ids=["keep", "new_schedule"])
+@pytest.fixture(scope="module", params=[False, True], ids=["keep", "new_schedule"])
 def extended(request, full_run, tmp_path_factory):
     """The session's 150-step run resumed from its last checkpoint to 170 steps, with or without --new_schedule."""
-    folder = checkpoint.copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("extended"),
-                                        f"global_step{STEPS}")
-    return launch(2, LONGER, folder, resume=True, extra=request.param, verbose=False, progress=False, timeout=600)
+    folder = copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("extended"), f"global_step{STEPS}")
+    return launch(2, LONGER, folder, resume=True, new_schedule=request.param, verbose=False, progress=False,
+                  timeout=600)
 
 
 def test_every_step_trains_at_the_lr_deepspeeds_scheduler_gives(full_run, extended):
@@ -33,12 +34,12 @@ def test_every_step_trains_at_the_lr_deepspeeds_scheduler_gives(full_run, extend
 
 
 def test_the_change_is_said_in_one_line(extended):
-    line = schedule.describe(extended.data["schedule"], LONGER)
+    line = schedule.describe_schedule(extended.data["schedule"], LONGER)
     assert line and any(line in text for text in extended.log)
     assert ("--new_schedule:" in line) == extended.data["schedule"]["new_schedule"]
 
 
 def test_a_resume_with_the_same_steps_says_nothing(resumed_run):
     assert resumed_run.data["schedule"]["checkpoint_horizon"] == STEPS
-    assert schedule.describe(resumed_run.data["schedule"], STEPS) is None
+    assert schedule.describe_schedule(resumed_run.data["schedule"], STEPS) is None
     assert not any("LR schedule" in text or "--new_schedule" in text for text in resumed_run.log)

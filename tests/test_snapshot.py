@@ -4,7 +4,7 @@ import io
 
 import torch
 
-from zckpt_nb import snapshot
+from zckpt_nb.saving import snapshot
 
 
 def saved(obj) -> bytes:

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from zckpt_nb import measure, stall
+from zckpt_nb.lessons import stall
+from zckpt_nb.measure import meters
 
 
 def save(tag, started_at, stall_s, durable_s, snapshot=0):
@@ -59,9 +60,9 @@ def test_overlap_sentence_says_slower_only_beyond_the_tolerance():
 
 def test_resetting_the_kernel_rss_peak_keeps_the_run_wide_peak():
     big = torch.ones(25_000_000)  # 100 MB resident
-    before = measure.host_peak_bytes()
+    before = meters.host_peak_bytes()
     del big
-    if not measure.reset_rss_high_water():
+    if not meters.reset_rss_high_water():
         pytest.skip("this kernel refuses /proc/self/clear_refs (HostMemory samples RSS instead)")
-    assert measure.rss_high_water() < before - 50 * 2**20  # the kernel's counter restarted ...
-    assert measure.host_peak_bytes() >= before  # ... and run.json's peak did not
+    assert meters.rss_high_water() < before - 50 * 2**20  # the kernel's counter restarted ...
+    assert meters.host_peak_bytes() >= before  # ... and run.json's peak did not

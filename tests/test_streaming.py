@@ -4,8 +4,11 @@ import os
 
 import pytest
 
-from zckpt_nb import consolidate, measure, offline, streaming
-from zckpt_nb.launch import launch
+from zckpt_nb.convert import streaming
+from zckpt_nb.lessons import offline
+from zckpt_nb.lessons.consolidation import compare_weights, load_weights
+from zckpt_nb.measure.trace import rss_parts
+from zckpt_nb.run.launch import launch
 
 SHARD = 2_000_000  # --max_shard_size 2MB (transformers counts MB in powers of ten)
 
@@ -43,9 +46,9 @@ def test_dropping_pages_releases_mapped_file_pages_and_never_touches_anonymous_m
     anonymous.numpy().tofile(path)
     mapped = torch.from_file(str(path), shared=False, size=anonymous.numel(), dtype=torch.float32)
     assert torch.equal(mapped, anonymous)  # every page touched: now resident
-    before = measure.rss_parts(os.getpid())[1]
+    before = rss_parts(os.getpid())[1]
     streaming.drop_pages(mapped.data_ptr(), mapped.data_ptr() + mapped.nbytes, streaming.MappedFiles())
-    assert measure.rss_parts(os.getpid())[1] < before - 8 * 2**20
+    assert rss_parts(os.getpid())[1] < before - 8 * 2**20
     assert torch.equal(mapped, anonymous) and mmap.PAGESIZE == streaming.PAGE  # read again from the file, unchanged
 
 
@@ -53,12 +56,12 @@ def test_streaming_export_equals_deepspeeds_full_state_dict(small_run, tmp_path)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
-    from zckpt_nb.export import export
+    from zckpt_nb.convert.export import export
 
     out = export(small_run.output_dir, tmp_path / "hf", max_shard_size=str(SHARD))
     full = get_fp32_state_dict_from_zero_checkpoint(str(small_run.output_dir))  # everything in memory at once
     assert full.pop("lm_head.weight") is full["transformer.wte.weight"]  # the tied head: stored once, as the embedding
-    result = consolidate.compare(consolidate.load_weights(out), full)
+    result = compare_weights(load_weights(out), full)
     assert result["exact"] and result["extra"] == [] and result["tensors"] == len(full)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.lm_head.weight is model.transformer.wte.weight

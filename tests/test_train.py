@@ -9,10 +9,12 @@ import pytest
 import torch
 from conftest import RESUME_STEP, SAVE_EVERY, STEPS
 
-from zckpt_nb import checkpoint, verify
-from zckpt_nb.inspect import inspect_checkpoint
-from zckpt_nb.launch import launch
+from zckpt_nb.convert.collect import copy_checkpoint
+from zckpt_nb.convert.inspect import inspect_checkpoint
+from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
+from zckpt_nb.format.layout import latest_name
 from zckpt_nb.model import param_count
+from zckpt_nb.run.launch import launch
 
 
 def test_run_json_has_the_promised_fields(full_run):
@@ -38,7 +40,7 @@ def test_default_steps_bring_loss_below_half_of_ln_vocab(full_run):
 
 def test_every_rank_wrote_its_own_shard_files(full_run):
     out = full_run.output_dir
-    assert verify.latest_name(out) == f"global_step{STEPS}"
+    assert latest_name(out) == f"global_step{STEPS}"
     for step in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY):
         names = sorted(p.name for p in (out / f"global_step{step}").iterdir())
         expected = [f"zero_pp_rank_{r}_mp_rank_00_{k}_states.pt" for r in (0, 1) for k in ("model", "optim")]
@@ -69,7 +71,7 @@ def test_resumed_losses_equal_the_uninterrupted_run(full_run, resumed_run):
 
 
 def test_deepspeed_zero_to_fp32_reads_the_checkpoint(full_run, tmp_path):
-    out = checkpoint.run_zero_to_fp32(full_run.output_dir, tmp_path / "fp32")
+    out = run_zero_to_fp32(full_run.output_dir, tmp_path / "fp32")
     state = torch.load(out / "pytorch_model.bin", map_location="cpu", weights_only=True)
     assert "transformer.wte.weight" in state
     distinct = {t.data_ptr(): t.numel() for t in state.values()}  # tied lm_head shares wte's storage
@@ -101,7 +103,7 @@ def test_inspect_refuses_what_is_not_a_checkpoint(tmp_path, bad):
 
 def test_resume_needs_a_committed_checkpoint_not_latest(full_run, tmp_path):
     # The state a crash leaves between writing the manifest and moving `latest` on the first save.
-    dst = checkpoint.copy_checkpoint(full_run.output_dir, tmp_path / "no_latest", f"global_step{RESUME_STEP}")
+    dst = copy_checkpoint(full_run.output_dir, tmp_path / "no_latest", f"global_step{RESUME_STEP}")
     (dst / "latest").unlink()
     run = launch(2, STEPS, dst, resume=True, verbose=False, progress=False, timeout=600)  # same LR schedule
     assert run.steps == list(range(RESUME_STEP, STEPS))

@@ -5,9 +5,15 @@ import os
 
 import pytest
 
-from zckpt_nb import data, verify
-from zckpt_nb.launch import Progress, UsageError, check_train_args, label
+from zckpt_nb import data
+from zckpt_nb.cli import build_parser
+from zckpt_nb.convert.verify import verify_tag
+from zckpt_nb.errors import CheckpointError, UsageError
+from zckpt_nb.format.layout import MANIFEST
+from zckpt_nb.format.manifest import checkpoint_manifest, file_record, sha256_file
 from zckpt_nb.model import PRESETS, accumulation_steps, ds_config, get_preset, ln_vocab, param_count
+from zckpt_nb.run.launch import Progress, check_train_args, label, launch
+from zckpt_nb.run.options import TrainOptions
 
 
 def test_presets_count_parameters_without_building_weights():
@@ -77,9 +83,9 @@ def test_progress_bar_follows_rank0_steps(capsys):
 
 
 def test_more_gpu_ranks_than_gpus_is_refused(monkeypatch, tmp_path):
-    monkeypatch.setattr("zckpt_nb.launch.gpu_count", lambda: 1)  # pretend: this machine has one GPU
+    monkeypatch.setattr("zckpt_nb.run.launch.gpu_count", lambda: 1)  # pretend: this machine has one GPU
     with pytest.raises(UsageError, match="more GPU ranks than the 1 GPU"):
-        check_train_args(2, 10, tmp_path, resume=False, model="tiny")
+        check_train_args(2, TrainOptions(output_dir=str(tmp_path), steps=10))
 
 
 @pytest.fixture
@@ -90,8 +96,8 @@ def fake_ckpt(tmp_path):
     paths = [tag_dir / f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
     for i, path in enumerate(paths):
         path.write_bytes(os.urandom(2**16 * (i + 1)))
-    files = [verify.file_record(p, tag_dir, int(p.name.split("_")[3]), verify.sha256_file(p)) for p in paths]
-    (tag_dir / verify.MANIFEST).write_text(verify.manifest_text(tmp_path, "global_step1", 1, 2, {}, [{"files": files}]))
+    files = [file_record(p, tag_dir, int(p.name.split("_")[3]), sha256_file(p)) for p in paths]
+    (tag_dir / MANIFEST).write_text(checkpoint_manifest(tmp_path, "global_step1", 1, 2, {}, [{"files": files}]))
     return paths
 
 
@@ -103,15 +109,35 @@ def flip_last_byte(path):
 
 def test_parallel_verification_reports_the_first_corrupted_file_in_manifest_order(fake_ckpt):
     root = fake_ckpt[0].parent.parent
-    assert verify.verify_tag(root, "global_step1")["world_size"] == 2
+    assert verify_tag(root, "global_step1")["world_size"] == 2
     flip_last_byte(fake_ckpt[3])
-    with pytest.raises(verify.CheckpointError, match="rank_1_mp_rank_00_optim_states.pt does not match its SHA-256"):
-        verify.verify_tag(root, "global_step1")
-    verify.verify_tag(root, "global_step1", ranks=[0])  # a rank hashes only its own files
+    with pytest.raises(CheckpointError, match="rank_1_mp_rank_00_optim_states.pt does not match its SHA-256"):
+        verify_tag(root, "global_step1")
+    verify_tag(root, "global_step1", ranks=[0])  # a rank hashes only its own files
     flip_last_byte(fake_ckpt[1])
-    with pytest.raises(verify.CheckpointError, match="rank_0_mp_rank_00_optim_states.pt does not match"):
-        verify.verify_tag(root, "global_step1")
+    with pytest.raises(CheckpointError, match="rank_0_mp_rank_00_optim_states.pt does not match"):
+        verify_tag(root, "global_step1")
     with open(fake_ckpt[2], "ab") as f:  # a wrong size anywhere is reported before any hash
         f.write(b"x")
-    with pytest.raises(verify.CheckpointError, match="rank_1_mp_rank_00_model_states.pt has .* bytes"):
-        verify.verify_tag(root, "global_step1")
+    with pytest.raises(CheckpointError, match="rank_1_mp_rank_00_model_states.pt has .* bytes"):
+        verify_tag(root, "global_step1")
+
+
+def test_train_cli_and_worker_read_the_same_options():
+    """The `train` CLI, launch() and the worker share one definition: what the CLI parses is what the worker gets."""
+    args = build_parser().parse_args(["train", "--output_dir", "x", "--gather_16bit", "off", "--save_16bit",
+                                      "--init", "bare_zero_init", "--persistence_threshold", "7", "--nproc", "3",
+                                      "--collective_timeout", "12.5"])
+    opts = TrainOptions.from_namespace(args)
+    assert (opts.gather_16bit, opts.save_16bit, opts.init, opts.persistence_threshold) == ("off", True,
+                                                                                          "bare_zero_init", 7)
+    assert TrainOptions.parse(opts.argv()) == opts  # the worker's argparse reads back exactly these options
+    assert "--seed" not in opts.argv()  # defaults are not spelled out
+
+
+def test_launch_refuses_an_unknown_option_or_a_bad_choice_before_anything_starts(tmp_path):
+    with pytest.raises(UsageError, match="unknown training option.*save_modes"):
+        launch(2, 5, tmp_path / "a", save_modes="async")
+    with pytest.raises(UsageError, match="save_mode='fast' is not one of commit, async"):
+        launch(2, 5, tmp_path / "b", save_mode="fast")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

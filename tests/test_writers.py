@@ -8,19 +8,21 @@ import os
 import pytest
 import torch
 
-from zckpt_nb import faults, writers
+from zckpt_nb.format.disk import PAGE
+from zckpt_nb.saving import faults
+from zckpt_nb.saving.writers import BLOCK, DirectFile, open_direct, without_crc32
 
-SIZES = [0, 1, writers.PAGE - 1, writers.PAGE, writers.BLOCK, writers.BLOCK + 1, 2 * writers.BLOCK + writers.PAGE + 3]
+SIZES = [0, 1, PAGE - 1, PAGE, BLOCK, BLOCK + 1, 2 * BLOCK + PAGE + 3]
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_direct_file_writes_every_byte_and_hashes_them_whatever_the_size(size, tmp_path):
     data = os.urandom(size)
     path = tmp_path / "f.bin"
-    with writers.DirectFile(path) as out:
+    with DirectFile(path) as out:
         for i in range(0, size, 12345):  # torch.save writes in pieces of every size
             out.write(data[i:i + 12345])
-    fd, direct = writers.open_direct(tmp_path / "probe")  # does this filesystem take O_DIRECT? (tmpfs before 6.6 not)
+    fd, direct = open_direct(tmp_path / "probe")  # does this filesystem take O_DIRECT? (tmpfs before 6.6 not)
     os.close(fd)
     assert out.direct == direct
     assert path.read_bytes() == data and out.hexdigest() == hashlib.sha256(data).hexdigest()
@@ -30,9 +32,9 @@ def test_direct_file_writes_every_byte_and_hashes_them_whatever_the_size(size, t
 def test_torch_save_into_it_gives_torch_saves_own_bytes_without_crc_and_torch_load_reads_them(tmp_path):
     state = {"w": torch.randn(1_000_003), "step": torch.tensor(7)}
     memory = io.BytesIO()
-    with writers.without_crc32():
+    with without_crc32():
         torch.save(state, memory)
-        with writers.DirectFile(tmp_path / "s.pt") as out:
+        with DirectFile(tmp_path / "s.pt") as out:
             torch.save(state, out)
     assert torch.serialization.get_crc32_options(), "the option is restored after the block"
     assert (tmp_path / "s.pt").read_bytes() == memory.getvalue()
@@ -47,8 +49,8 @@ def test_a_full_disk_raises_enospc_and_closes_the_file(tmp_path):
         if why:
             pytest.skip(why)
         open_fds = len(os.listdir("/proc/self/fd"))
-        with pytest.raises(OSError) as raised, writers.DirectFile(disk / "big.bin") as out:
+        with pytest.raises(OSError) as raised, DirectFile(disk / "big.bin") as out:
             for _ in range(4):
-                out.write(os.urandom(writers.BLOCK // 2))
+                out.write(os.urandom(BLOCK // 2))
         assert raised.value.errno == errno.ENOSPC
         assert len(os.listdir("/proc/self/fd")) == open_fds

@@ -1,4 +1,7 @@
-"""`python -m zckpt_nb COMMAND ...`: the same functions the notebooks call, from the shell."""
+"""`python -m zckpt_nb COMMAND ...`: the same functions the notebooks call, from the shell.
+
+Each command imports what it needs when it runs, so that `verify` or `costs` start without loading torch.
+"""
 
 from __future__ import annotations
 
@@ -8,37 +11,19 @@ import io
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from zckpt_nb import lifeline
-from zckpt_nb.launch import LaunchError, UsageError
-
-# worker flags that `launch()` sets itself from its own arguments
-LAUNCH_ARGS = ("steps", "output_dir", "save_checkpoint", "save_every", "resume", "model", "seed",
-               "persistence_threshold")
-
-
-def worker_flags(args: argparse.Namespace) -> list[str]:
-    """The worker's own flags that differ from its defaults on the `train` command line (named `--<dest>`)."""
-    from zckpt_nb.train import add_train_args
-
-    defaults = vars(add_train_args(argparse.ArgumentParser()).parse_args(["--output_dir", "-"]))
-    flags = []
-    for name, default in defaults.items():
-        value = getattr(args, name)
-        if name not in LAUNCH_ARGS and value != default:
-            flags += [f"--{name}"] + ([] if value is True else [str(value)])
-    return flags
+from zckpt_nb.errors import CheckpointError, LaunchError, UsageError
+from zckpt_nb.run import lifeline
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from zckpt_nb.launch import launch
-    from zckpt_nb.nodes import Nodes
+    from zckpt_nb.run.launch import launch
+    from zckpt_nb.run.nodes import Nodes
+    from zckpt_nb.run.options import TrainOptions
 
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
-    run = launch(args.nproc, args.steps, args.output_dir, save_checkpoint=args.save_checkpoint,
-                 save_every=args.save_every, resume=args.resume, model=args.model, seed=args.seed,
-                 timeout=args.timeout, persistence_threshold=args.persistence_threshold, extra=worker_flags(args),
-                 nodes=nodes)
+    run = launch(args.nproc, timeout=args.timeout, nodes=nodes, **TrainOptions.from_namespace(args).to_dict())
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
     print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
@@ -49,14 +34,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from zckpt_nb.inspect import (
+    from zckpt_nb.convert.inspect import (
         format_inspection,
         format_universal,
         inspect_checkpoint,
         inspection_json,
         universal_params,
     )
-    from zckpt_nb.verify import CheckpointError, read_kind
+    from zckpt_nb.convert.verify import read_kind
+
 
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout on import; keep the output clean
@@ -72,8 +58,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_reshard(args: argparse.Namespace) -> int:
-    from zckpt_nb.reshard import describe_conversion, ensure_universal
-    from zckpt_nb.verify import CheckpointError, describe, newest_committed
+    from zckpt_nb.convert.reshard import describe_conversion, ensure_universal
+    from zckpt_nb.convert.verify import describe_manifest, newest_committed
 
     try:
         tag = args.tag or newest_committed(args.ckpt_dir, "converting")
@@ -82,40 +68,42 @@ def cmd_reshard(args: argparse.Namespace) -> int:
         print(f"zckpt_nb reshard: bad checkpoint: {e}", file=sys.stderr)
         return 1
     print(describe_conversion(manifest, reused, world=None))
-    print(describe(manifest))
+    print(describe_manifest(manifest))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from zckpt_nb.verify import CheckpointError, describe, verify
+    from zckpt_nb.convert.verify import describe_manifest, verify
 
     try:
         manifest = verify(args.ckpt_dir, args.tag)
     except CheckpointError as e:
         print(f"zckpt_nb verify: bad checkpoint: {e}", file=sys.stderr)
         return 1
-    print(describe(manifest))
+    print(describe_manifest(manifest))
     return 0
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from zckpt_nb.nodes import collect
-    from zckpt_nb.verify import CheckpointError, describe
+    from zckpt_nb.convert.collect import collect
+    from zckpt_nb.convert.verify import describe_manifest
 
     try:
         manifest = collect(args.parts, args.out, args.tag)
     except CheckpointError as e:
         print(f"zckpt_nb collect: {e}", file=sys.stderr)
         return 1
-    print(f"collected {len(args.parts)} node folders into {args.out}: {describe(manifest)}")
+    print(f"collected {len(args.parts)} node folders into {args.out}: {describe_manifest(manifest)}")
     return 0
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
     import json
 
-    from zckpt_nb.costs import format_prediction, predict
-    from zckpt_nb.planning import Bandwidths, format_table, plan, plan_table, verdict
+    from zckpt_nb.plan.costs import format_prediction, predict
+    from zckpt_nb.plan.planning import Bandwidths, plan, plan_table, verdict
+    from zckpt_nb.ui.tables import format_table
+
 
     sizes = world_sizes(args)
     name = args.config or args.model
@@ -146,8 +134,8 @@ def world_sizes(args: argparse.Namespace) -> list[int]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from zckpt_nb import compare
-    from zckpt_nb.plots import plot_compare
+    from zckpt_nb.lessons import compare
+    from zckpt_nb.ui.plots import plot_compare
 
     check_writable_dir(args.output_dir)
     records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, steps=args.steps,
@@ -164,7 +152,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def check_writable_dir(path: str) -> None:
     """One clear line when the output folder cannot be written (before anything runs)."""
-    from zckpt_nb.launch import check_writable
+    from zckpt_nb.format.disk import check_writable
 
     check_writable(Path(path).resolve())
 
@@ -180,7 +168,7 @@ def parameter_value(text: str) -> object:
 
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
-    from zckpt_nb.notebooks import check_parameters, notebook_paths, run_all
+    from zckpt_nb.lessons.notebooks import check_parameters, notebook_paths, run_all
 
     parameters = {name: parameter_value(value) for name, value in args.parameter}
     for path in notebook_paths(Path(args.notebooks), args.only):
@@ -190,7 +178,7 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from zckpt_nb.export import export
+    from zckpt_nb.convert.export import export
 
     out = export(args.ckpt_dir, args.out_dir, tag=args.tag, max_shard_size=args.max_shard_size,
                  overwrite=args.overwrite)
@@ -201,22 +189,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from zckpt_nb.export import generate
+    from zckpt_nb.convert.export import generate
 
     print(generate(args.model_dir, args.prompt, args.max_new_tokens))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from zckpt_nb.measure import MODES
-    from zckpt_nb.model import PRESETS
-    from zckpt_nb.planning import shipped_configs
-    from zckpt_nb.train import add_train_args
+def add_train(sub: Any) -> None:
+    from zckpt_nb.run.options import TrainOptions
 
-    parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    train = add_train_args(sub.add_parser("train", help="train with ZeRO-3 on N ranks (CPU or GPU)"))
+    train = TrainOptions.add_arguments(sub.add_parser("train", help="train with ZeRO-3 on N ranks (CPU or GPU)"))
     train.add_argument("--nproc", type=int, default=2, help="ranks of this node: one per GPU, else CPU processes")
     train.add_argument("--nnodes", type=int, default=1, help="nodes of the job: run this command once on each")
     train.add_argument("--node_rank", type=int, default=0, help="this node's number, 0..nnodes-1")
@@ -227,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--timeout", type=float, default=1800, help="kill every rank after this many seconds")
     train.set_defaults(func=cmd_train)
 
+
+def add_checkpoint_commands(sub: Any) -> None:
     insp = sub.add_parser("inspect", help="per-rank files, sizes and partition sizes of a checkpoint")
     insp.add_argument("ckpt_dir")
     insp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
@@ -250,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("out", metavar="OUT", help="a new folder for the whole checkpoint")
     col.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     col.set_defaults(func=cmd_collect)
+
+
+def add_costs(sub: Any) -> None:
+    from zckpt_nb.model import PRESETS, shipped_configs
 
     costs = sub.add_parser("costs", help="plan a ZeRO-3 checkpoint from the model config alone: bytes and seconds")
     which = costs.add_mutually_exclusive_group()
@@ -277,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--json", action="store_true")
     costs.set_defaults(func=cmd_costs)
 
+
+def add_export_commands(sub: Any) -> None:
     exp = sub.add_parser("export", help="a ZeRO-3 checkpoint as a Hugging Face folder (safetensors, tokenizer)")
     exp.add_argument("ckpt_dir")
     exp.add_argument("out_dir")
@@ -290,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max_new_tokens", type=int, default=40)
     gen.set_defaults(func=cmd_generate)
+
+
+def add_lesson_commands(sub: Any) -> None:
+    from zckpt_nb.lessons.compare import MODES
+    from zckpt_nb.model import PRESETS
 
     cmp = sub.add_parser("compare", help="measure save modes across world sizes against the cost model")
     cmp.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
@@ -310,6 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     nbs.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="set a notebook parameter (like papermill -p), e.g. -p WORLD_SIZES '[1, 3]'")
     nbs.set_defaults(func=cmd_notebooks)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser: training, the checkpoint tools, planning, export, the lessons' own."""
+    parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_train, add_checkpoint_commands, add_costs, add_export_commands, add_lesson_commands):
+        add(sub)
     return parser
 
 

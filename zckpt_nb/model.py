@@ -6,9 +6,14 @@ number a notebook shows about "P parameters" starts from these presets.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
+
+from zckpt_nb.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -127,8 +132,8 @@ def ds_config(
             "overlap_comm": False,
         },
         "comms_logger": {"enabled": comms_logger, "verbose": False, "prof_all": True, "debug": False},
-        # a checkpoint saved by another number of ranks loads from its universal copy (zckpt_nb.reshard);
-        # with node-local storage each node's ranks save into that node's own folder (zckpt_nb.nodes)
+        # a checkpoint saved by another number of ranks loads from its universal copy (zckpt_nb.convert.reshard);
+        # with node-local storage each node's ranks save into that node's own folder (zckpt_nb.saving.nodes)
         "checkpoint": {"load_universal": load_universal, "use_node_local_storage": node_local_storage},
     }
 
@@ -203,3 +208,57 @@ def param_count(name: str) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(gpt2_config(name))
     return count_params(model)
+
+
+CONFIG_DIR = Path(__file__).with_name("configs")
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped in `zckpt_nb/configs/` (usable wherever a config path is)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def config_file(source: str) -> Path:
+    """The config.json `source` names: a file, a folder holding one, or a shipped config's name."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    elif not path.exists() and (CONFIG_DIR / f"{source}.json").is_file():
+        path = CONFIG_DIR / f"{source}.json"
+    if not path.is_file():
+        raise UsageError(f"no config.json at {source}: give a transformers config.json, a folder holding one, "
+                         f"or a shipped config ({', '.join(shipped_configs())})")
+    return path
+
+
+@cache
+def load_config(source: str) -> Any:
+    """The transformers config `source` holds, refused in one line unless it is a causal LM transformers ships."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    path = config_file(source)
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not JSON ({e}): give a transformers config.json") from None
+    kind = data.pop("model_type", None) if isinstance(data, dict) else None
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UsageError(f"{path} is not the config of a causal LM transformers ships (model_type {kind!r}): give a "
+                         "config.json with model_type gpt2, llama, mistral, qwen2, ...")
+    return AutoConfig.for_model(kind, **data)
+
+
+def model_config(name: str) -> Any:
+    """The transformers config of a preset, else of a causal-LM `config.json` (a path, a folder or a shipped name)."""
+    return gpt2_config(name) if name in PRESETS else load_config(name)
+
+
+@cache
+def meta_model(name: str) -> Any:
+    """Preset or config `name` built on the meta device: shapes only, no memory, no DeepSpeed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(model_config(name))

@@ -1,0 +1,61 @@
+"""Copying checkpoints: one tag into a fresh folder, or the node-local parts into one folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.verify import verify
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.layout import MANIFEST, SHARED_FILES, latest_name
+from zckpt_nb.format.manifest import checkpoint_manifest
+
+
+def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
+    """Copy checkpoint `tag` (and the tokenizer beside it) into a fresh `dst` whose `latest` names it."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src / tag, dst / tag)
+    for name in (*SHARED_FILES, "zero_to_fp32.py"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    (dst / "latest").write_text(tag)
+    return dst
+
+
+def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) -> dict[str, Any]:
+    """Assemble the node-local parts of checkpoint `tag` (default: what `latest` names) into one folder `out`.
+
+    Each part is verified first (its own files' sizes and SHA-256 against its manifest), the copies again at the
+    end, so `out` is a plain checkpoint folder that `export` and DeepSpeed's `zero_to_fp32.py` read. Returns its
+    manifest; CheckpointError in one line otherwise.
+    """
+    parts, out = [Path(p) for p in parts], Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out} is not empty; collect into a new folder")
+    tag = tag or latest_name(parts[0])
+    manifests = [verify(part, tag) for part in parts]
+    holder = {m.get("node"): part for m, part in zip(manifests, parts)}
+    files, needed = manifests[0]["files"], {e.get("node") for e in manifests[0]["files"]}
+    if None in holder or len(holder) < len(parts) or any(m["files"] != files for m in manifests):
+        raise CheckpointError(f"{', '.join(map(str, parts))} are not one node-local checkpoint {tag}, one folder "
+                              "per node; pass the --output_dir of each node of a --node_local_storage run")
+    if needed - holder.keys():
+        raise CheckpointError(f"no folder given for node(s) {', '.join(map(str, sorted(needed - holder.keys())))} "
+                              f"of {tag}; pass every node's --output_dir")
+    (out / tag).mkdir(parents=True)
+    for entry in files:
+        shutil.copy2(holder[entry["node"]] / tag / entry["path"], out / tag / entry["path"])
+    for name in (*SHARED_FILES, "zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed copies its scripts on rank 0
+        source = next((part / name for part in parts if (part / name).is_file()), None)
+        if source:
+            shutil.copy2(source, out / name)
+    first = manifests[0]
+    (out / tag / MANIFEST).write_text(checkpoint_manifest(out, tag, first["step"], first["world_size"],
+                                                         first["identity"], [{"files": files}]))
+    (out / "latest").write_text(tag)
+    return verify(out, tag)

@@ -1,0 +1,357 @@
+"""Route 4: export a partitioned ZeRO-3 checkpoint as a Hugging Face model folder, and use it without DeepSpeed.
+
+The folder holds `config.json`, `generation_config.json`, the weights as safetensors (sharded with an index above
+`max_shard_size`) and the tokenizer files. `AutoModelForCausalLM.from_pretrained(dir)` and
+`pipeline("text-generation", model=dir)` load it in a process that never imports DeepSpeed.
+
+Tied weights: GPT-2's `lm_head.weight` *is* `transformer.wte.weight`. safetensors refuses two names for one storage,
+which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. DeepSpeed's lazy
+conversion lists the tied name as the same object; the export stores the matrix once, as transformers'
+`save_pretrained` does, streaming each tensor from the rank files (`zckpt_nb.convert.streaming`).
+
+This module imports neither DeepSpeed nor torch at import time, so `generate` and `reload_check` stay DeepSpeed-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.model_card import run_facts, write_card
+from zckpt_nb.convert.safeload import check_files, load
+from zckpt_nb.convert.streaming import write_weights
+from zckpt_nb.convert.zero_to_fp32 import shard_files, zero_to_fp32_script
+from zckpt_nb.data import corpus_text
+from zckpt_nb.errors import CheckpointError, UsageError
+from zckpt_nb.format.disk import check_writable
+from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name, tag_dirs
+from zckpt_nb.measure import meters
+from zckpt_nb.measure.meters import ready_to_time
+from zckpt_nb.model import gpt2_config
+
+# What each file of an export is for (notebook 04 shows this next to the real folder).
+FILE_ROLES = {
+    "config.json": "the architecture (GPT-2 shape, vocabulary size, special token ids): what from_pretrained builds",
+    "generation_config.json": "defaults for generate() (bos/eos/pad token ids), derived from the config",
+    "model.safetensors": "all weights in one safetensors file (no pickle: loading runs no code)",
+    "model.safetensors.index.json": "which tensor lives in which shard, written when weights exceed max_shard_size",
+    "model-*-of-*.safetensors": "one shard of the weights, each at most max_shard_size",
+    "tokenizer.json": "the trained byte-level BPE tokenizer: vocabulary, merges, pre-tokenizer, special tokens",
+    "tokenizer_config.json": "tokenizer class (one transformers 4 and 5 both load), special tokens (bos/eos/pad), "
+                             "max length (the model's context); transformers 5 keeps the special tokens here, so it "
+                             "writes no special_tokens_map.json",
+    "chat_template.jinja": "the chat template, if the tokenizer has one",
+    "README.md": "the model card: the run's facts (preset, steps, loss, ranks, source tag and its manifest's "
+                 "SHA-256), how to load it, and the front matter the Hugging Face Hub reads",
+}
+
+
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer_class that transformers 4.x and 5 both load
+
+
+LOADING_KEYS = ("is_local", "local_files_only")  # how transformers 5 loaded the checkpoint's tokenizer, not settings
+
+
+def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
+    """Raise UsageError unless `ckpt_dir` holds a committed, intact ZeRO-3 checkpoint `tag`; return the tag.
+
+    Nothing is unpickled before every size and SHA-256 matches the manifest, and then only weights-only.
+    """
+    if not ckpt_dir.is_dir():
+        raise UsageError(f"checkpoint dir {ckpt_dir} does not exist or is not a folder")
+    tag = tag or newest_committed_or_none(ckpt_dir) or latest_name(ckpt_dir)
+    tags = [d.name for d in tag_dirs(ckpt_dir)]
+    if tag is None:
+        raise UsageError(f"{ckpt_dir} is not a ZeRO checkpoint (no 'latest' file and no --tag); "
+                         f"tags found: {', '.join(tags) or 'none'}")
+    if not (ckpt_dir / tag).is_dir():
+        raise UsageError(f"tag {tag} does not exist in {ckpt_dir}; tags found: {', '.join(tags) or 'none'}")
+    if not (ckpt_dir / tag / MANIFEST).is_file():  # no sizes or hashes: nothing vouches for its files
+        raise UsageError(f"{ckpt_dir / tag} has no {MANIFEST}: the save never committed, so its files are "
+                         f"unverified; export a committed --tag ({', '.join(committed_tags(ckpt_dir)) or 'none'})")
+    check_manifest(ckpt_dir, tag)
+    if not (ckpt_dir / "tokenizer.json").is_file():
+        raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
+    model_config(ckpt_dir)  # raises UsageError when there is nothing to rebuild the model from
+    return tag
+
+
+def newest_committed_or_none(ckpt_dir: Path) -> str | None:
+    """The newest tag the commit protocol committed (saying what was skipped), or None without any."""
+    return newest_committed_or_none(ckpt_dir, "exporting") if committed_tags(ckpt_dir) else None
+
+
+def check_manifest(ckpt_dir: Path, tag: str) -> None:
+    """Every file's size and SHA-256 against the manifest, then every rank file unpickled weights-only."""
+    try:
+        check_files(ckpt_dir, tag)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+
+
+def tag_world_size(ckpt_dir: Path, tag: str) -> int:
+    """The data-parallel world size DeepSpeed recorded in rank 0's model-states file (read weights-only)."""
+    return int(load(ckpt_dir / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", mmap=True)["dp_world_size"])
+
+
+def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
+    """Raise UsageError unless `out_dir` may be (re)written without touching the checkpoint."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"output {out_dir} is a file; choose a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace it")
+        if not (out_dir / "config.json").is_file():  # --overwrite deletes: only ever a previous export
+            raise UsageError(f"output folder {out_dir} is not empty and holds no config.json, so it is not a "
+                             "previous export; --overwrite only replaces one of those: choose another folder")
+    if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
+        raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
+    check_writable(out_dir)
+
+
+def check_shard_size(max_shard_size: str | int) -> int:
+    """`max_shard_size` in bytes ("5GB", "200KB", "1MiB" or an int), or UsageError."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    try:
+        size = convert_file_size_to_int(int(max_shard_size) if str(max_shard_size).isdigit() else max_shard_size)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise UsageError(f"--max_shard_size {max_shard_size!r} is not a size; use e.g. 5GB, 200MB or 500KB")
+    return size
+
+
+def model_config(ckpt_dir: Path) -> Any:
+    """The model's `transformers` config: `config.json` beside the checkpoint, else the preset in `run.json`."""
+    from transformers import AutoConfig
+
+    if (ckpt_dir / "config.json").is_file():
+        return AutoConfig.from_pretrained(str(ckpt_dir))
+    if (ckpt_dir / "run.json").is_file():
+        return gpt2_config(json.loads((ckpt_dir / "run.json").read_text())["model"])
+    raise UsageError(f"{ckpt_dir} has no config.json (nor run.json) to rebuild the model from; "
+                     "save the checkpoint with zckpt_nb, or put the model's config.json beside 'latest'")
+
+
+def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
+    """Save the checkpoint's tokenizer so transformers 4 and 5 both load it, its maximum length the model's context."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
+    tokenizer.model_max_length = context  # the tokenizer was trained with no limit; the model has one
+    tokenizer.save_pretrained(str(dest))
+    # transformers 5 writes its class name, TokenizersBackend, which 4.x does not know; both versions load
+    # PreTrainedTokenizerFast from tokenizer.json alone (5 maps that name to TokenizersBackend)
+    path = dest / "tokenizer_config.json"
+    config = {k: v for k, v in json.loads(path.read_text()).items() if k not in LOADING_KEYS}
+    config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return tokenizer
+
+
+def share_permissions(folder: Path) -> None:
+    """Give `folder` and its files the modes of any save under this umask (0755/0644 under 022).
+
+    mkdtemp makes the folder 0700 and safetensors creates its files 0600: private to us, unlike a shared model.
+    """
+    mask = os.umask(0)
+    os.umask(mask)  # reading the umask means setting it; put it straight back
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str) -> None:
+    """Write the weights (streamed from the rank files, tied weights once), tokenizer and model card."""
+    config = model_config(ckpt_dir)
+    tensors = write_weights(ckpt_dir, tag, config, dest, max_shard_size)
+    tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings)  # GPT-2's n_positions
+    world_size = tag_world_size(ckpt_dir, tag)
+    write_card(dest, run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size), name)
+    share_permissions(dest)
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Move the finished folder `new` to `target`, replacing what was there only once `new` is complete."""
+    if target.is_dir() and any(target.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(new, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(new, target)  # rename() replaces an empty folder atomically
+
+
+def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",
+           overwrite: bool = False) -> Path:
+    """Export checkpoint `tag` (default: `latest`) of `ckpt_dir` as a Hugging Face folder `out_dir`.
+
+    Every check runs before anything is written; the folder is built beside `out_dir` and renamed into place at
+    the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
+    """
+    ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
+    tag = check_checkpoint(ckpt_dir, tag)
+    check_out_dir(out_dir, ckpt_dir, overwrite)
+    shard_bytes = check_shard_size(max_shard_size)
+    created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name)
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for p in reversed(created):  # folders we made for out_dir's parents: leave the tree as it was
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+        raise
+    return out_dir
+
+
+def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
+                   max_shard_size: str | int = "5GB", overwrite: bool = False) -> meters.SaveCost:
+    """Run `export` and measure it (one process: rank 0, no collective bytes; `ready_to_time` first)."""
+    ready_to_time()
+    return meters.measure("hf", lambda: export(ckpt_dir, out_dir, tag=tag, max_shard_size=max_shard_size,
+                                                overwrite=overwrite),
+                           written=lambda: meters.files_under(out_dir), read=shard_files(ckpt_dir, tag))
+
+
+def describe_export(model_dir: str | Path) -> list[dict[str, Any]]:
+    """Every file of an export with its size and what it is for."""
+    from fnmatch import fnmatch
+
+    rows = []
+    for path in meters.files_under(model_dir):
+        role = next((r for pattern, r in FILE_ROLES.items() if fnmatch(path.name, pattern)), "other")
+        rows.append({"file": path.name, "bytes": path.stat().st_size, "what it is for": role})
+    return rows
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Raise UsageError unless `model_dir` looks like a Hugging Face model folder."""
+    if not (model_dir / "config.json").is_file():
+        raise UsageError(f"{model_dir} is not a Hugging Face model folder (no config.json); "
+                         "create one with: python -m zckpt_nb export CKPT_DIR OUT_DIR")
+
+
+def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> str:
+    """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation.
+
+    No word-piece trigram may repeat (transformers' `no_repeat_ngram_size`): greedy decoding of a model this small
+    otherwise settles into one token repeated ("will will will").
+    """
+    from transformers import AutoConfig, AutoTokenizer, pipeline
+
+    check_model_dir(Path(model_dir))
+    if max_new_tokens < 1:
+        raise UsageError(f"--max_new_tokens must be at least 1 (got {max_new_tokens})")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))  # checked before any weight is loaded
+    context = AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings  # GPT-2's n_positions
+    check_fits(len(tokenizer(prompt, verbose=False)["input_ids"]), max_new_tokens, context)
+    pipe = pipeline("text-generation", model=str(model_dir), tokenizer=tokenizer)
+    return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False, no_repeat_ngram_size=3)[0]["generated_text"]
+
+
+def check_fits(prompt_tokens: int, max_new_tokens: int, context: int) -> None:
+    """Raise UsageError unless prompt and continuation fit the model's context (past it GPT-2 has no position)."""
+    room = context - max_new_tokens
+    if max_new_tokens >= context:
+        raise UsageError(f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context of "
+                         f"{context} tokens; ask for fewer than {context}")
+    if prompt_tokens > room:
+        raise UsageError(f"the prompt is {prompt_tokens} tokens; with --max_new_tokens {max_new_tokens} it may be at "
+                         f"most {room} (the model's context is {context} tokens): shorten it or lower --max_new_tokens")
+
+
+def load_model(model_dir: str | Path) -> Any:
+    """An exported model, loaded with transformers alone, in eval mode (no dropout)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+
+
+def logits(model: Any, input_ids: Any) -> Any:
+    """`model`'s logits on `input_ids`, without building a graph."""
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits
+
+
+def corpus_overlap(text: str) -> dict[str, Any]:
+    """How much of `text` comes from the shipped corpus: share of its words found there, and its word trigrams."""
+    import re
+
+    def split(t: str) -> list[str]:  # words only: punctuation and line breaks do not count
+        return re.findall(r"[A-Za-z']+", t)
+
+    corpus_words, words = split(corpus_text()), split(text)
+    joined, vocabulary = f" {' '.join(corpus_words)} ", set(corpus_words)
+    trigrams = [" ".join(words[i:i + 3]) for i in range(len(words) - 2)]
+    return {"words": len(words), "words in corpus": sum(w in vocabulary for w in words) / max(1, len(words)),
+            "trigrams in corpus": [t for t in trigrams if f" {t} " in joined]}
+
+
+def deepspeed_safe_serialization(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> tuple[int, str]:
+    """Run DeepSpeed's own `zero_to_fp32.py --safe_serialization` (what route 4 replaces): (exit code, last line)."""
+    done = zero_to_fp32_script(ckpt_dir, out_dir, "--safe_serialization", timeout=timeout)
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if line.split(":")[0].endswith("Error")]
+    # Python prints the exception's name, then its message on the following lines: keep both, in one line
+    return done.returncode, " ".join(lines[errors[-1]:errors[-1] + 2]) if errors else ""
+
+
+def reload_check(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
+                 max_new_tokens: int = 30) -> dict[str, Any]:
+    """Load an export with transformers alone; logits against a reference file, generated text, imported modules."""
+    import torch
+
+    model = load_model(model_dir)
+    report: dict[str, Any] = {
+        "class": type(model).__name__, "dtype": str(model.dtype),
+        "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+        "text": generate(model_dir, prompt, max_new_tokens),
+    }
+    if reference is not None:
+        ref = torch.load(reference, map_location="cpu", weights_only=True)
+        out = logits(model, ref["input_ids"])
+        report["max_abs_logit_diff"] = float((out - ref["logits"]).abs().max())
+        report["logits_shape"] = list(out.shape)
+    report["deepspeed_imported"] = "deepspeed" in sys.modules
+    return report
+
+
+def reload_in_fresh_process(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
+                            max_new_tokens: int = 30, timeout: float = 300) -> dict[str, Any]:
+    """`reload_check` in a new Python process (nothing imported before), returned as a dict."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "zckpt_nb.convert.export", str(model_dir), "--prompt", prompt,
+           "--max_new_tokens", str(max_new_tokens)] + (["--reference", str(reference)] if reference else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"reloading {model_dir} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m zckpt_nb.convert.export MODEL_DIR [--reference FILE]`: print `reload_check` as one JSON line."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m zckpt_nb.convert.export", description=main.__doc__)
+    parser.add_argument("model_dir")
+    parser.add_argument("--reference", default=None)
+    parser.add_argument("--prompt", default="The keeper")
+    parser.add_argument("--max_new_tokens", type=int, default=30)
+    args = parser.parse_args(argv)
+    print(json.dumps(reload_check(args.model_dir, args.reference, args.prompt, args.max_new_tokens)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Look inside a partitioned ZeRO-3 checkpoint: which rank wrote which file, and how much of P it holds.
+
+Everything here is read from the files on disk (memory-mapped, so a large checkpoint costs little RAM).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.safeload import load
+from zckpt_nb.convert.verify import verify_tag, verify_universal
+from zckpt_nb.format.layout import RANK_FILE, latest_name
+from zckpt_nb.format.sizes import exact_ratio
+
+
+@dataclass
+class RankShard:
+    """One rank's part of a checkpoint."""
+
+    rank: int
+    files: dict[str, int]  # file name -> bytes
+    partition_numel: int  # fp32 parameter elements this rank owns, padding included
+    optimizer_numel: int  # elements of Adam's moment tensors for that partition
+    payload_bytes: int  # bytes of tensor data in the rank's files; the rest of `bytes` is pickle header
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.files.values())
+
+
+@dataclass
+class CheckpointInfo:
+    """A whole partitioned checkpoint: P, N and every rank's shard."""
+
+    ckpt_dir: str
+    tag: str
+    world_size: int
+    num_params: int  # P, without padding
+    num_tensors: int
+    ranks: list[RankShard]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def shard_paths(tag_dir: Path) -> dict[int, dict[str, Path]]:
+    """Map rank -> {'model': path, 'optim': path} for the files in one tag folder."""
+    found: dict[int, dict[str, Path]] = {}
+    for path in sorted(tag_dir.iterdir()):
+        m = RANK_FILE.search(path.name)
+        if m:
+            found.setdefault(int(m.group(1)), {})[m.group(2)] = path
+    return found
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of tensor data anywhere inside a loaded checkpoint object (dicts, lists, tuples)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
+    """Sizes and element counts of one rank's files."""
+    loaded = {kind: load(path, mmap=True) for kind, path in paths.items()}
+    optim = loaded["optim"]["optimizer_state_dict"]
+    moments = optim["optimizer_state_dict"]["state"].values()
+    return RankShard(
+        rank=rank,
+        files={p.name: p.stat().st_size for p in paths.values()},
+        partition_numel=sum(t.numel() for t in optim["fp32_flat_groups"]),
+        optimizer_numel=sum(v.numel() for s in moments for v in s.values() if getattr(v, "dim", lambda: 0)() > 0),
+        payload_bytes=sum(tensor_bytes(obj) for obj in loaded.values()),
+    )
+
+
+def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> CheckpointInfo:
+    """Read every rank's shard of committed checkpoint `tag` (default: what `latest` names) in `ckpt_dir`.
+
+    The files are checked against the manifest (CheckpointError otherwise), then unpickled weights-only.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    tag = tag or latest_name(ckpt_dir)
+    if tag is None or not (ckpt_dir / tag).is_dir():
+        raise FileNotFoundError(f"no checkpoint {tag or '(latest)'} in {ckpt_dir}")
+    verify_tag(ckpt_dir, tag)
+    files = shard_paths(ckpt_dir / tag)
+    shapes = load(files[0]["model"], mmap=True)["param_shapes"]
+    numels = [s.numel() for group in shapes for s in group.values()]
+    return CheckpointInfo(str(ckpt_dir), tag, len(files), sum(numels), len(numels),
+                          [read_shard(r, p) for r, p in sorted(files.items())])
+
+
+def format_inspection(info: CheckpointInfo) -> str:
+    """A human-readable table: per rank, every file with its size and the partition it holds."""
+    n = info.world_size
+    lines = [f"checkpoint {info.ckpt_dir} tag {info.tag}: P = {info.num_params:,} parameters "
+             f"in {info.num_tensors} tensors, N = {n} ranks, P/N = {exact_ratio(info.num_params, n)}"]
+    for shard in info.ranks:
+        lines.append(f"rank {shard.rank}: {shard.partition_numel:,} parameter elements "
+                     f"({shard.partition_numel / info.num_params:.1%} of P, padding included), {shard.bytes:,} bytes")
+        lines += [f"    {name:<48} {size:>14,} bytes" for name, size in shard.files.items()]
+    return "\n".join(lines)
+
+
+def inspection_json(info: CheckpointInfo) -> str:
+    """The same as JSON, for scripts."""
+    return json.dumps(info.to_dict(), indent=1)
+
+
+def universal_params(folder: str | Path) -> list[dict[str, Any]]:
+    """Per parameter of a verified universal copy (`convert.reshard`): its elements and each state file's bytes."""
+    folder = Path(folder)
+    verify_universal(folder)
+    rows = []
+    for param in sorted(p for p in (folder / "zero").iterdir() if p.is_dir()):
+        fp32 = load(param / "fp32.pt", mmap=True)
+        rows.append({"parameter": param.name, "elements": fp32.numel(),
+                     **{f.stem: f.stat().st_size for f in sorted(param.glob("*.pt"))}})
+    return rows
+
+
+def format_universal(rows: list[dict[str, Any]]) -> str:
+    """The universal copy as a table: one line per parameter folder, then the total."""
+    states = [k for k in rows[0] if k not in ("parameter", "elements")]
+    lines = [f"{'parameter (bytes of each file)':<36} {'elements':>12} " + " ".join(f"{s:>12}" for s in states)]
+    lines += [f"{r['parameter']:<36} {r['elements']:>12,} " + " ".join(f"{r[s]:>12,}" for s in states) for r in rows]
+    total = sum(r["elements"] for r in rows)
+    return "\n".join(lines + [f"{len(rows)} parameter folders, {total:,} elements: any world size can load them"])
+
+
+def tree(root: str | Path) -> str:
+    """Every file under `root` with its size, indented by depth (like `tree -s`)."""
+    root = Path(root)
+    lines = [f"{root}/"]
+    for path in sorted(root.rglob("*")):
+        depth = len(path.relative_to(root).parts)
+        name = f"{'    ' * depth}{path.name}{'/' if path.is_dir() else ''}"
+        lines.append(f"{name:<56} {path.stat().st_size:>12,} B" if path.is_file() else name)
+    return "\n".join(lines)
+
+
+# The principle's "Checkpoint Contents" table, verbatim: file name -> what it says the file is.
+SEED_FILES = {
+    "mp_rank_00_model_states.pt": "Model parameter state dict (one per rank in partitioned mode)",
+    "zero_pp_rank_0_mp_rank_00_optim_states.pt": "Optimizer state (partitioned across ranks)",
+    "tokenizer.json": "Tokenizer configuration (from save_pretrained)",
+    "tokenizer_config.json": "Tokenizer settings",
+    "special_tokens_map.json": "Special token mappings",
+    "latest": "Pointer to the latest checkpoint tag",
+}
+
+
+# Files a real tree holds that the table does not list, and who writes them.
+OTHER_FILES = {
+    "zero_to_fp32.py": "DeepSpeed's offline consolidation script, copied in by save_checkpoint (notebook 03)",
+    "zero_to_torch.py": "DeepSpeed's wrapper of zero_to_fp32 that can also write fp16/bf16 weights, copied in too",
+    "config.json": "the model's transformers config, written by rank 0 (export needs it)",
+    "zckpt_manifest.json": "this package's commit record: sizes and SHA-256 of every file (notebook 06)",
+    "run.json": "this package's record of the run's measurements",
+    "launch.log": "this package's launcher log: every rank's output",
+}
+
+
+def seed_files_vs_tree(ckpt_dir: str | Path) -> list[dict[str, Any]]:
+    """Each file the principle lists: is it in the real tree under that name, and which real files end with it."""
+    root = Path(ckpt_dir)
+    files = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    rows = []
+    for name, says in SEED_FILES.items():
+        exact = [str(p) for p in files if p.name == name]
+        similar = [str(p) for p in files if p.name.endswith(name) and p.name != name]
+        rows.append({"the principle lists": name, "it says": says, "in the tree under that name": len(exact),
+                     "real files ending with that name": len(similar), "e.g.": (similar or exact or ["-"])[0]})
+    return rows
+
+
+def unlisted_files(ckpt_dir: str | Path) -> list[dict[str, Any]]:
+    """Files in the tree whose names the principle's table does not mention, with what they are."""
+    root = Path(ckpt_dir)
+    names = sorted({p.name for p in root.rglob("*") if p.is_file()} - set(SEED_FILES))
+    return [{"file": n, "what it is": OTHER_FILES.get(n, "a rank's shard" if RANK_FILE.search(n) else "-")}
+            for n in names if not any(n.endswith(s) for s in SEED_FILES)]

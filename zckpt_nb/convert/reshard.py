@@ -1,0 +1,171 @@
+"""Change the world size of a ZeRO-3 checkpoint: DeepSpeed's universal checkpoint, committed like a save.
+
+A ZeRO-3 checkpoint is N flat partitions, and DeepSpeed loads it only on N ranks ("Automatic adjustment of ZeRO's
+optimizer state partitioning with a new world size is not currently supported"). DeepSpeed's `ds_to_universal`
+rewrites it as one folder per parameter (fp32 weights, Adam's two moments, the step), which a
+`"checkpoint": {"load_universal": true}` engine loads on any number of ranks. This module runs that converter and
+commits its output the way `zckpt_nb.saving.commit` commits a save:
+
+- every source file first passes its SHA-256 and a weights-only unpickle (the converter loads with
+  weights_only=False), and the converter runs in a child process, measured (seconds, bytes, peak RSS);
+- it writes under a temporary name; the manifest (every file's size and SHA-256, the source manifest's SHA-256)
+  is written last, then the folder is renamed into place. A crash mid-conversion leaves only the temporary
+  folder, which is never loaded and which the next conversion removes;
+- a later resume reuses a copy whose source manifest hash still matches, after checking its files.
+
+Layout: DIR/universal/<tag>/ holding zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt,
+the source's model-states files (DeepSpeed reads rank 0's client state from them) and zckpt_manifest.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.safeload import check_files, load
+from zckpt_nb.convert.verify import verify_tag, verify_universal
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.disk import atomic_write, fsync_dir
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, universal_dir
+from zckpt_nb.format.manifest import FORMAT, elsewhere, read_manifest, sha256_file
+from zckpt_nb.measure import meters
+
+
+def manifest_hash(ckpt_dir: str | Path, tag: str) -> str:
+    """SHA-256 of the source checkpoint's manifest: names exactly the bytes a copy was converted from."""
+    return sha256_file(Path(ckpt_dir) / tag / MANIFEST)
+
+
+def run_converter(src: Path, dst: Path, timeout: float) -> dict[str, Any]:
+    """Run `ds_to_universal` SRC -> DST in a child process; its seconds and peak RSS, or CheckpointError."""
+    start = time.perf_counter()
+    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+    try:
+        done = subprocess.run([sys.executable, "-m", "zckpt_nb.convert.reshard", str(src), str(dst)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CheckpointError(f"converting {src} to a universal checkpoint took over {timeout:.0f} s; "
+                              "stopped (nothing was loaded)") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise CheckpointError(f"DeepSpeed's ds_to_universal failed on {src}: {last[:200]}")
+    peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
+    return {"seconds": time.perf_counter() - start, "peak_rss_bytes": peak}
+
+
+def file_entries(folder: Path) -> list[dict[str, Any]]:
+    """Manifest entries for every file under `folder`, each fsynced first (durable before the manifest names it)."""
+    entries = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        entries.append({"path": str(path.relative_to(folder)), "rank": None, "bytes": path.stat().st_size,
+                        "sha256": sha256_file(path)})
+    for sub in sorted({folder, *(p for p in folder.rglob("*") if p.is_dir())}):
+        fsync_dir(sub)
+    return entries
+
+
+def universal_manifest(folder: Path, tag: str, source: dict[str, Any], source_sha: str, cost: dict[str, Any]) -> str:
+    """The universal copy's manifest: what it was converted from, what it cost, every file it holds."""
+    files = file_entries(folder)
+    cost = {**cost, "bytes": sum(f["bytes"] for f in files),
+            "source_bytes": sum(f["bytes"] for f in source["files"])}
+    return json.dumps({"format": FORMAT, "kind": UNIVERSAL, "tag": tag, "step": source["step"],
+                       "source_world_size": source["world_size"], "identity": source.get("identity"),
+                       "source_manifest_sha256": source_sha, "conversion": cost, "files": files}, indent=1)
+
+
+def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> dict[str, Any]:
+    """Convert committed checkpoint `tag` into DIR/universal/<tag>, committed; returns its manifest."""
+    ckpt_dir = Path(ckpt_dir)
+    source = check_files(ckpt_dir, tag)
+    final = universal_dir(ckpt_dir, tag)
+    tmp = final.with_name(f"{tag}.converting")
+    shutil.rmtree(tmp, ignore_errors=True)  # a conversion that crashed earlier
+    tmp.parent.mkdir(exist_ok=True)
+    cost = run_converter(ckpt_dir / tag, tmp, timeout)
+    (tmp.parent / "latest_universal").unlink(missing_ok=True)  # names the temporary folder; we always pass the tag
+    atomic_write(tmp / MANIFEST, universal_manifest(tmp, tag, source, manifest_hash(ckpt_dir, tag), cost))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    return read_manifest(final)
+
+
+def reusable(ckpt_dir: str | Path, tag: str) -> dict[str, Any] | None:
+    """The manifest of a committed universal copy of `tag` converted from its current bytes, else None."""
+    folder = universal_dir(ckpt_dir, tag)
+    if not (folder / MANIFEST).is_file():
+        return None
+    try:
+        manifest = verify_universal(folder)
+    except CheckpointError:
+        return None  # damaged: convert again
+    return manifest if manifest["source_manifest_sha256"] == manifest_hash(ckpt_dir, tag) else None
+
+
+def check_loadable(folder: Path) -> None:
+    """Unpickle every file of a verified copy weights-only (DeepSpeed's universal load uses weights_only=False)."""
+    for entry in read_manifest(folder)["files"]:
+        if entry["path"].endswith(".pt"):
+            load(folder / entry["path"], mmap=True)
+
+
+def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | None = None,
+                     timeout: float = 600) -> tuple[dict[str, Any], bool]:
+    """A committed universal copy of `tag`, converted now or reused; returns (its manifest, reused?)."""
+    away = elsewhere(verify_tag(ckpt_dir, tag, identity=identity))
+    if away:
+        raise CheckpointError(f"{tag} in {ckpt_dir} is one node's part: {len(away)} of its files live on other nodes; "
+                              "assemble the parts first (python -m zckpt_nb collect DIR... OUT), then convert OUT")
+    manifest = reusable(ckpt_dir, tag)
+    if manifest is not None:
+        check_loadable(universal_dir(ckpt_dir, tag))
+        return manifest, True
+    return convert(ckpt_dir, tag, timeout), False
+
+
+def describe_conversion(manifest: dict[str, Any], reused: bool, world: int | None) -> str:
+    """One line: what was converted (or reused), what it cost, where it loads (on `world` ranks, or any)."""
+    c, n = manifest["conversion"], manifest["source_world_size"]
+    peak = c["peak_rss_bytes"] / 2**20
+    what = "reusing its universal copy" if reused else \
+        f"converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS {peak:.0f} MiB)"
+    where = f"this run has {world}" if world else "resume it on any number of ranks with train --resume --nproc M"
+    return (f"{manifest['tag']} was saved by {n} rank(s), {where}: {what}, "
+            f"{c['source_bytes'] / 2**20:.1f} MiB -> {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files "
+            f"under {UNIVERSAL}/{manifest['tag']}" + ("; loading it with DeepSpeed's load_universal" if world else ""))
+
+
+def bytes_by_kind(manifest: dict[str, Any]) -> dict[str, int]:
+    """Bytes of a manifest's files by kind: model/optimizer states of a save; fp32, moments, ... of a universal copy."""
+    kinds: dict[str, int] = {}
+    for entry in manifest["files"]:
+        name = Path(entry["path"]).name
+        rank_file = RANK_FILE.search(name)
+        kind = f"{rank_file.group(2)} states (rank files)" if rank_file else name
+        kinds[kind] = kinds.get(kind, 0) + entry["bytes"]
+    return kinds
+
+
+def main(argv: list[str]) -> None:
+    """The converter's child process: DeepSpeed's ds_to_universal, one worker, then this process's peak RSS."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    src, dst = argv
+    sys.argv = ["ds_to_universal", "--input_folder", src, "--output_folder", dst,
+                "--num_extract_workers", "1", "--num_merge_workers", "1"]  # in-process: one peak RSS to report
+    ds_to_universal.main(ds_to_universal.parse_arguments())
+    # VmHWM, not ru_maxrss: Linux carries into ru_maxrss the RSS of the parent's forked copy before exec
+    print(json.dumps({"peak_rss_bytes": meters.rss_high_water()}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,84 @@
+"""Load checkpoint files without letting them run code: hashes first, then `torch.load(weights_only=True)`.
+
+DeepSpeed 0.19.8 loads its files with `torch.load(weights_only=False)`: any pickle in a rank file runs whatever its
+`__reduce__` names. Here nothing is unpickled before the files' sizes and SHA-256 match the manifest, and even a
+forged manifest gains nothing: every file is unpickled by torch's restricted unpickler, which builds tensors and
+plain containers plus only the non-tensor types DeepSpeed 0.19.8 and our client state write (`allowed_globals`).
+
+- `load`: one file, weights-only (inspect, export's world size);
+- `check_files`: every rank file of a tag unpickled weights-only before DeepSpeed's own converter reads the same
+  bytes with `weights_only=False` (export, `run_zero_to_fp32`);
+- `check_script`: the `zero_to_fp32.py` about to be run is DeepSpeed's own;
+- `saving.resume.weights_only`: the same for `engine.load_checkpoint` (`--resume`), through a `CheckpointEngine`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.verify import verify_tag
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.manifest import sha256_file
+
+_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's words for a type outside the allowlist
+
+
+_REASON = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")  # its words for any other refusal
+
+
+def allowed_globals() -> list[Any]:
+    """The non-tensor types in DeepSpeed 0.19.8's ZeRO-3 files (found with get_unsafe_globals_in_checkpoint)."""
+    import numpy as np
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    # optimizer states: the ZeRO stage and the loss scaler; model states: numpy's RNG state in our client state
+    # (an array of uint32, rebuilt by numpy's _reconstruct)
+    numpy_rng = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct]
+    return [ZeroStageEnum, LossScaler, *numpy_rng]
+
+
+def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
+    """`torch.load(path, weights_only=True)` under `allowed_globals`; CheckpointError naming the file otherwise."""
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(allowed_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        found = _GLOBAL.search(str(e)) or _REASON.search(str(e))
+        what = found.group(1)[:160] if found else type(e).__name__
+        raise CheckpointError(f"{path} holds a type outside the allowlist of what DeepSpeed writes ({what}); "
+                              "refusing to unpickle it (it could run code): restore the file from a trusted copy "
+                              "or save the checkpoint again") from None
+    except (OSError, RuntimeError, EOFError) as e:  # truncated, not a zip, not a torch file
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {str(e).strip()[:200]}") from None
+
+
+def check_files(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
+    """Verify `tag` against its manifest, then unpickle each rank file weights-only (memory-mapped, then dropped).
+
+    After this a weights_only=False load of the same bytes (DeepSpeed's converters) builds only allowed types.
+    Returns the manifest.
+    """
+    manifest = verify_tag(ckpt_dir, tag)
+    for entry in manifest["files"]:  # exactly the files just verified (verify_tag refuses any other rank file)
+        load(Path(ckpt_dir) / tag / entry["path"], mmap=True)
+    return manifest
+
+
+def check_script(ckpt_dir: str | Path) -> Path:
+    """The `zero_to_fp32.py` beside the checkpoint, if it is byte for byte DeepSpeed's own; CheckpointError if not.
+
+    DeepSpeed rewrites it on every save, so the manifest cannot vouch for it; the installed copy can.
+    """
+    import deepspeed.utils.zero_to_fp32 as own
+
+    script = Path(ckpt_dir) / "zero_to_fp32.py"
+    if not script.is_file() or sha256_file(script) != sha256_file(own.__file__):
+        raise CheckpointError(f"{script} is missing or differs from DeepSpeed's own {own.__file__}; refusing to run "
+                              "it: copy DeepSpeed's file over it")
+    return script

@@ -1,0 +1,71 @@
+"""The package's exception types and its one-line error messages; every layer imports them from here.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+
+class UsageError(ValueError):
+    """Bad input, found before any rank starts."""
+
+
+class LaunchError(RuntimeError):
+    """The job started but failed; the message holds the last lines of every rank."""
+
+
+class LaunchTimeout(LaunchError):
+    """The job ran past its timeout and was killed with all its ranks."""
+
+
+class LaunchStopped(LaunchError):
+    """The job was stopped on request (its `stop` event was set) and killed with all its ranks."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupted or does not fit this run; the message is one line."""
+
+
+TIMEOUT_WORDS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
+
+
+class CollectiveTimeout(RuntimeError):
+    """The ranks lost each other during a save: the process group cannot be trusted again, the job must stop."""
+
+
+def os_error_in(err: BaseException) -> OSError | None:
+    """The OSError behind `err`: torch's zip writer wraps ENOSPC in a RuntimeError whose context holds it."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def describe_error(err: BaseException, path: str | Path, rank: int, doing: str = "writing") -> str:
+    """One line: which rank, what failed (errno name when there is one) and on which path."""
+    cause = os_error_in(err)
+    what = f"{errno.errorcode.get(cause.errno, cause.errno)} ({cause.strerror})" if cause else type(err).__name__
+    detail = "" if cause else ": " + (str(err).strip().splitlines() or [""])[0][:200]
+    return f"rank {rank}: {what} {doing} {path}{detail}"
+
+
+def is_timeout(err: BaseException) -> bool:
+    """A collective that timed out or lost its peer (gloo and NCCL say so only in the message)."""
+    return any(word in str(err).lower() for word in TIMEOUT_WORDS)
+
+
+class LayoutError(RuntimeError):
+    """The output folders the ranks see do not match the storage layout asked for; the message is one line."""
+
+
+class RunIncomplete(RuntimeError):
+    """The run trained to the end but did not write what it was asked to: no save committed, or no run.json."""
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one short line."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]

@@ -1,0 +1,43 @@
+"""None
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+CLIENT_KEY = "zckpt"  # our entry inside DeepSpeed's client_state
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random state this rank's next step depends on (dropout draws from torch's)."""
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured."""
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def client_state(step: int, seed: int, global_batch: int, world_size: int, horizon: int) -> dict[str, Any]:
+    """What exact resumption needs beyond DeepSpeed's own state: data position, batch, LR horizon and RNG states.
+
+    Under ZeRO-3 every rank writes its own `zero_pp_rank_{r}_..._model_states.pt` holding this dict,
+    so each rank gets back its own RNG state on load (on the same world size; a universal load hands every rank
+    rank 0's, which is why training draws nothing from these generators: see `data` and `model.gpt2_config`).
+    """
+    return {CLIENT_KEY: {"step": step, "seed": seed, "global_batch": global_batch, "world_size": world_size,
+                         "steps": horizon, "rng": rng_state()}}  # steps: the LR schedule's horizon (schedule.py)

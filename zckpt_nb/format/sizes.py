@@ -1,0 +1,154 @@
+"""What each rank's two checkpoint files weigh, predicted from the config: tensor payload plus torch.save's header.
+
+The payload is the cost model's (12 bytes per owned element plus two fixed tensors). The header is the rest of
+the files: the non-tensor content DeepSpeed 0.19.8 pickles into them (the module's empty placeholders with torch's
+`_metadata`, parameter shapes, the DeepSpeed config, Adam's hyperparameters, our client state) and the zip record
+torch.save writes around every tensor. We rebuild that content with every tensor empty (one storage each, as in the
+real files) and let torch.save serialise it into memory; its size is the header. What an empty tensor cannot show
+(its record's alignment, its element count in the pickle) is bounded by `RECORD_SLACK` per tensor with data, so the
+prediction is an upper bound a few hundred bytes above the files. The save preflight (`zckpt_nb.saving.commit`) asks
+`engine_file_bytes`, which builds the same prediction from the live engine instead of a preset.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import OrderedDict
+from typing import Any
+
+from zckpt_nb.format.client_state import CLIENT_KEY, client_state
+
+ADAM_STATES = 2  # exp_avg, exp_avg_sq
+
+
+FP32 = 4
+
+
+def fixed_tensor_bytes() -> int:
+    """Tensor bytes every rank saves whatever P is: its torch RNG state (client state) and Adam's fp32 step."""
+    import torch
+
+    return torch.get_rng_state().numel() + FP32
+
+
+def slice_numel(numels: tuple[int, ...], n: int) -> int:
+    """Elements each rank owns under ZeRO-3: every tensor padded to a multiple of N, then split N ways."""
+    return sum(math.ceil(k / n) for k in numels)
+
+
+def padding(numels: tuple[int, ...], n: int) -> int:
+    """Elements of padding over all ranks: N x slice - P."""
+    return n * slice_numel(numels, n) - sum(numels)
+
+
+def exact_ratio(p: int, n: int) -> str:
+    """P/N written exactly: an integer, or an integer and a fraction (never a rounded float)."""
+    whole, rest = divmod(p, n)
+    return f"{whole:,}" + (f" {rest}/{n}" if rest else "")
+
+
+# Tensors with data in one rank's files: the torch RNG state (model states); the fp32 partition, Adam's step and
+# both moments (optimizer states). Each record's data starts on a 64-byte boundary (up to 63 bytes of padding), and
+# the pickle spells each tensor's element count: 128 bytes bound both.
+DATA_TENSORS, RECORD_SLACK = 5, 128
+
+
+def saved_size(obj: Any) -> int:
+    """Bytes `torch.save` writes for `obj`."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.tell()
+
+
+def placeholders(model: Any) -> OrderedDict:
+    """`model.state_dict()` as ZeRO-3 saves it: every tensor empty (tied ones share one), torch's `_metadata` kept."""
+    import torch
+
+    module, empty = model.state_dict(keep_vars=True), {}
+    for key, tensor in module.items():
+        module[key] = empty.setdefault(id(tensor), torch.empty(0, dtype=tensor.dtype))
+    return module
+
+
+def package_client(config: dict[str, Any], n: int, step: int, seed: int) -> dict[str, Any]:
+    """This package's client state as the worker saves it, from the config alone (the global batch within a few
+    bytes), its RNG tensor empty (those bytes are payload)."""
+    import torch
+
+    batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
+    client = client_state(step, seed, batch, n, config["scheduler"]["params"]["total_num_steps"])
+    client[CLIENT_KEY]["rng"]["torch"] = torch.empty(0, dtype=torch.uint8)
+    return client
+
+
+def without_tensor_data(obj: Any) -> Any:
+    """`obj` with every tensor replaced by an empty one of its dtype (their bytes are counted as payload)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return torch.empty(0, dtype=obj.dtype)
+    if isinstance(obj, dict):
+        return type(obj)((k, without_tensor_data(v)) for k, v in obj.items()) if not isinstance(obj, OrderedDict) \
+            else OrderedDict((k, without_tensor_data(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(without_tensor_data(v) for v in obj)
+    return obj
+
+
+def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> dict[str, Any]:
+    """The model-states file's content as DeepSpeed's `_save_checkpoint` writes it under ZeRO-3, tensors empty.
+
+    `model` is a meta model or a live ZeRO-3 one (whose shapes are in `ds_shape`); `client` the client state saved.
+    """
+    batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
+    shapes = OrderedDict((k, getattr(p, "ds_shape", p.shape)) for k, p in model.named_parameters())
+    return {"module": placeholders(model), "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
+            "frozen_param_shapes": OrderedDict(), "shared_params": {"lm_head.weight": "transformer.wte.weight"},
+            "frozen_param_fragments": OrderedDict(), "lr_scheduler": {"last_batch_iteration": step - 1},
+            "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
+            "global_samples": step * batch, "dp_world_size": n, "mp_world_size": 1,
+            "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, "ds_config": config,
+            "ds_version": deepspeed_version(), **client}
+
+
+def optim_states(n: int, config: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer-states file's content as DeepSpeed's ZeRO-3 `state_dict` writes it, tensors empty."""
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    params = {k: v for k, v in config["optimizer"]["params"].items() if k != "torch_adam"}
+    groups = torch.optim.AdamW([torch.zeros(1)], **params).state_dict()["param_groups"]
+    adam = {key: torch.empty(0) for key in ("step", "exp_avg", "exp_avg_sq")}
+    inner = {"state": {0: adam}, "param_groups": groups}
+    return {"optimizer_state_dict": {"zero_stage": ZeroStageEnum.weights, "loss_scaler": LossScaler(1.0),
+                                     "dynamic_loss_scale": False, "overflow": False, "partition_count": n,
+                                     "optimizer_state_dict": inner, "fp32_flat_groups": [torch.empty(0)]},
+            "ds_config": config, "ds_version": deepspeed_version()}
+
+
+def deepspeed_version() -> str:
+    """The DeepSpeed version string the files record."""
+    import deepspeed
+
+    return deepspeed.__version__
+
+
+def module_file_bytes(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> int:
+    """Predicted size of one rank's two files when `model` trained with `config` on `n` ranks saves at `step`, with
+    client state `client` (tensors empty)."""
+    numels = tuple(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    payload = (1 + ADAM_STATES) * FP32 * slice_numel(numels, n) + fixed_tensor_bytes()
+    header = saved_size(model_states(model, n, config, step, client)) + saved_size(optim_states(n, config))
+    return payload + header + DATA_TENSORS * RECORD_SLACK
+
+
+def engine_file_bytes(engine: Any, state: dict[str, Any], step: int) -> int:
+    """Predicted size of this rank's two files when the live ZeRO-3 `engine` saves client `state` at `step`.
+
+    Any client state: the package's own, or whatever a user's training loop hands to `zckpt_nb.save`.
+    """
+    return module_file_bytes(engine.module, engine.dp_world_size, engine.config, step, without_tensor_data(state))

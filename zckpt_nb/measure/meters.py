@@ -1,0 +1,285 @@
+"""Measure one save: wall time, peak memory while it runs, bytes written, bytes moved by collectives.
+
+Nothing here is estimated. Bytes written are read from the files; collective bytes come from DeepSpeed's own comms
+logger (the `"comms_logger"` section of the DeepSpeed config): we snapshot its per-operation totals before and after
+the save and keep the difference, so each save gets its own figures. DeepSpeed's `deepspeed.comm.log_summary()`
+prints the same table, but it is itself collective (barriers); reading the logger's raw data is local to the rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+_device_peak_before_resets = 0  # GPU peak seen before a save reset the counter (for run.json's run-wide peak)
+
+
+_host_peak_before_resets = 0  # the same for the host's RSS high-water mark (VmHWM)
+
+
+OBJECT_COLLECTIVES = {"ops": 0, "bytes": 0}  # this process's torch object collectives (the commit protocol's)
+
+
+@dataclass
+class SaveCost:
+    """What one save cost on one rank (one record of run.json's `save_costs`)."""
+
+    mode: str
+    rank: int
+    seconds: float
+    peak_memory_bytes: int  # the process's peak while saving: RSS on CPU, allocated accelerator memory on GPU
+    extra_peak_bytes: int  # that peak minus what the process held when the save began
+    bytes_written: int  # sizes of the files this rank wrote, read from disk
+    comm_bytes: int | None  # DeepSpeed's logged message bytes (None: a process group without the logger)
+    comm_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {'count', 'bytes', 'max_bytes'}
+    memory_kind: str = "rss"  # "rss" (CPU) or "cuda_allocated"
+    heap_extra_peak_bytes: int | None = None  # host heap allocations at their peak, above the start (glibc only)
+    bytes_read: int = 0  # size of the checkpoint files a route loads (offline conversion, HF export)
+    protocol_comm_ops: int = 0  # the commit protocol's object collectives during the save (not in the comms logger)
+    protocol_comm_bytes: int = 0  # their pickled payload, as every rank holds it after the call
+    files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+@cache
+def _libc() -> Any:
+    """glibc with `mallinfo2` (2.33+), or None elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def heap_in_use() -> int | None:
+    """Bytes malloc has handed out and not freed yet, over all arenas (glibc `mallinfo2`); None off glibc.
+
+    RSS alone misses a save's allocations when malloc reuses memory freed earlier (after training, it usually
+    does): pages already resident are reused and RSS does not move. Live heap bytes see every allocation.
+    """
+    libc = _libc()
+    if libc is None:
+        return None
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)  # small chunks in use + large chunks malloc mmap()ed
+
+
+def rss_high_water() -> int | None:
+    """The kernel's peak RSS of this process since start or the last `reset_rss_high_water` (VmHWM); None off Linux."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), None)
+
+
+def reset_rss_high_water() -> bool:
+    """Restart VmHWM at the current RSS (Linux: write 5 to /proc/self/clear_refs); False where that is refused.
+
+    The peak before the reset is kept, so `host_peak_bytes` still reports the run-wide peak (getrusage's ru_maxrss
+    reads the same counter and is reset with it).
+    """
+    global _host_peak_before_resets
+    _host_peak_before_resets = max(_host_peak_before_resets, rss_high_water() or 0)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def host_peak_bytes() -> int:
+    """This process's peak RSS over its whole life, including before the saves' resets of VmHWM."""
+    import resource
+
+    return max(_host_peak_before_resets, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
+
+
+class HostMemory:
+    """Peak RSS and peak live heap bytes of this process while a block runs.
+
+    The RSS peak is the kernel's own high-water mark, reset when the block starts, so no allocation escapes it however
+    short. Live heap bytes have no such counter and are sampled in a background thread, at most every 50 ms:
+    `mallinfo2` locks every malloc arena while it counts, so sampling faster would slow the save it measures. Large
+    tensors live far longer than that; the last sample is taken when the block ends.
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import psutil
+
+        self._proc, self._interval, self._stop = psutil.Process(), interval, threading.Event()
+        self.baseline_rss = self.peak_rss = 0
+        self.baseline_heap = self.peak_heap = heap_in_use()
+        self._kernel_peak = False
+
+    def _sample(self) -> None:
+        heap = heap_in_use()
+        if heap is not None:
+            self.peak_heap = max(self.peak_heap or 0, heap)
+        if not self._kernel_peak:
+            self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def __enter__(self) -> HostMemory:
+        self._kernel_peak = reset_rss_high_water()
+        self.baseline_rss = self.peak_rss = self._proc.memory_info().rss
+        self.baseline_heap = self.peak_heap = heap_in_use()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if self._kernel_peak:
+            self.peak_rss = max(self.peak_rss, rss_high_water() or 0)
+
+    @property
+    def heap_extra(self) -> int | None:
+        return None if self.baseline_heap is None else int(self.peak_heap - self.baseline_heap)
+
+
+class PeakCuda:
+    """Peak allocated GPU memory while a block runs (torch's counter, reset at the start)."""
+
+    def __enter__(self) -> PeakCuda:
+        global _device_peak_before_resets
+        import torch
+
+        _device_peak_before_resets = max(_device_peak_before_resets, torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        self.baseline = self.peak = torch.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        self.peak = torch.cuda.max_memory_allocated()
+
+
+def device_peak_bytes() -> int:
+    """This process's peak allocated GPU memory over its whole life, including before the saves' resets."""
+    import torch
+
+    return max(_device_peak_before_resets, int(torch.cuda.max_memory_allocated()))
+
+
+def count_object_collective(objects: list[Any]) -> None:
+    """Record one all_gather_object or broadcast_object_list: the pickled bytes of what every rank holds after it.
+
+    torch pickles each object into a byte tensor and moves those (plus one int64 size per object); DeepSpeed's comms
+    logger never sees these calls, so the commit protocol's own traffic is counted here.
+    """
+    import pickle
+
+    OBJECT_COLLECTIVES["ops"] += 1
+    OBJECT_COLLECTIVES["bytes"] += sum(len(pickle.dumps(o)) + 8 for o in objects)
+
+
+def comm_counts() -> dict[str, dict[int, int]] | None:
+    """DeepSpeed's comms-logger record on this rank so far: op -> {message size in bytes: count}.
+
+    {} when no process group exists (no collective can have run); None when one exists but the logger is off.
+    """
+    comm = sys.modules.get("deepspeed.comm")
+    if comm is None or not comm.is_initialized():
+        return {}
+    if not comm.comms_logger.enabled:
+        return None
+    # the logger keeps {op: {message size: [count, latencies, algbw, busbw]}}
+    return {op: {size: v[0] for size, v in by_size.items()} for op, by_size in comm.comms_logger.get_raw_data().items()}
+
+
+def comm_delta(before: dict[str, dict[int, int]] | None,
+               after: dict[str, dict[int, int]] | None) -> dict[str, dict[str, int]] | None:
+    """The operations logged between two `comm_counts` snapshots: op -> {'count', 'bytes', 'max_bytes'}.
+
+    'bytes' is DeepSpeed's message size times count: for an all-gather, what this rank contributed (its slice);
+    for a broadcast, the whole tensor on every rank.
+    """
+    if before is None or after is None:
+        return None
+    delta = {}
+    for op, sizes in after.items():
+        grown = {size: n - before.get(op, {}).get(size, 0) for size, n in sizes.items()}
+        grown = {size: n for size, n in grown.items() if n > 0}
+        if grown:
+            delta[op] = {"count": sum(grown.values()), "bytes": sum(size * n for size, n in grown.items()),
+                         "max_bytes": max(grown)}
+    return delta
+
+
+def flush_writes() -> None:
+    """Write every dirty page back now (`os.sync`), so the route timed next does not pay for earlier files.
+
+    The 16-bit saves, the conversion and the export write through the page cache and return before the disk has
+    their bytes; the kernel writes them back later, in the middle of whatever runs then. On the 2-core development
+    machine that made one repeat of a save take twice as long as the next (docs/planning.md). Every route but the
+    in-training partitioned save calls this before its clock starts: that one's time is training's stall, which
+    pays for whatever the disk is still doing.
+    """
+    os.sync()
+
+
+def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterable[Path]], rank: int = 0,
+            device: str = "cpu", read: Iterable[Path] = ()) -> SaveCost:
+    """Run `save()` and return its SaveCost; `written()` lists the files this rank wrote (called afterwards)."""
+    on_gpu = device.startswith("cuda")
+    before, objects = comm_counts(), dict(OBJECT_COLLECTIVES)
+    with HostMemory() as host, (PeakCuda() if on_gpu else contextlib.nullcontext()) as gpu:
+        start = time.perf_counter()
+        save()
+        seconds = time.perf_counter() - start
+    ops = comm_delta(before, comm_counts())
+    paths = sorted(set(written()))
+    peak, base = (gpu.peak, gpu.baseline) if on_gpu else (host.peak_rss, host.baseline_rss)
+    return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(peak),
+                    extra_peak_bytes=int(peak - base), bytes_written=sum(p.stat().st_size for p in paths),
+                    comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
+                    memory_kind="cuda_allocated" if on_gpu else "rss", heap_extra_peak_bytes=host.heap_extra,
+                    bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in paths],
+                    protocol_comm_ops=OBJECT_COLLECTIVES["ops"] - objects["ops"],
+                    protocol_comm_bytes=OBJECT_COLLECTIVES["bytes"] - objects["bytes"])
+
+
+def files_under(root: str | Path) -> list[Path]:
+    """Every file below `root` (what a route wrote into its own folder)."""
+    return sorted(p for p in Path(root).rglob("*") if p.is_file())
+
+
+def peak_memory_bytes(device: str) -> int:
+    """This rank's peak memory: allocated GPU memory on GPUs, the process's max RSS on CPU."""
+    if device.startswith("cuda"):
+        return device_peak_bytes()
+    return host_peak_bytes()
+
+
+def ready_to_time() -> None:
+    """Before timing a one-process route, so it pays for its own work only: import DeepSpeed's converter and
+    transformers' GPT-2 up front, and flush earlier writes (`measure.flush_writes`)."""
+    import deepspeed.utils.zero_to_fp32  # noqa: F401
+    import transformers
+
+    transformers.GPT2LMHeadModel  # noqa: B018  (transformers imports its models lazily, on first access)
+    flush_writes()

@@ -1,0 +1,66 @@
+"""A command's resident memory over time, sampled from outside, with the kernel's exact peak.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Trace:
+    """A command's resident memory over time, sampled from outside, and its exact peak from the kernel."""
+
+    command: list[str]
+    seconds: list[float]  # sample times since the start
+    anon: list[int]  # RssAnon at each sample: memory the process allocated
+    file: list[int]  # RssFile + RssShmem: mapped file pages (e.g. memory-mapped checkpoint shards)
+    wall: float
+    peak_bytes: int  # the kernel's high-water mark of RSS (VmHWM), whatever the sampling missed in between
+    returncode: int
+    output: str
+
+
+def rss_parts(pid: int) -> tuple[int, int, int] | None:
+    """(anonymous, file-backed, high-water mark) resident bytes of process `pid` from /proc, or None once gone."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        kib = {k: int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile", "RssShmem", "VmHWM")}
+    except (OSError, KeyError, ValueError):
+        return None
+    return kib["RssAnon"], kib["RssFile"] + kib["RssShmem"], kib["VmHWM"]
+
+
+def trace_command(command: list[str], *, interval: float = 0.02, timeout: float = 1800,
+                  env: dict[str, str] | None = None) -> Trace:
+    """Run `command`, sampling its RSS every `interval` s from this process (so it is not slowed); kill its process
+    group after `timeout` s.
+
+    The peak is the kernel's high-water mark of the command's own memory (`VmHWM`, which exec starts afresh), read
+    at every sample. Not `ru_maxrss` from `wait4`: Linux carries into it the RSS of the forked copy of this process
+    before exec, so a large parent (a Jupyter kernel) would hide a smaller child's peak.
+    """
+    import os
+    import signal
+    import subprocess
+    import tempfile
+
+    trace = Trace(list(command), [], [], [], 0.0, 0, 0, "")
+    with tempfile.TemporaryFile() as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        while not (done := os.wait4(proc.pid, os.WNOHANG))[0]:
+            if time.perf_counter() - start > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+            if (parts := rss_parts(proc.pid)) is not None:
+                trace.seconds.append(time.perf_counter() - start)
+                trace.anon.append(parts[0])
+                trace.file.append(parts[1])
+                trace.peak_bytes = max(trace.peak_bytes, parts[2])
+            time.sleep(interval)
+        trace.wall = time.perf_counter() - start
+        proc.returncode = trace.returncode = os.waitstatus_to_exitcode(done[1])
+        log.seek(0)
+        trace.output = log.read().decode(errors="replace")
+    return trace

@@ -1,0 +1,162 @@
+"""The time model against measured saves: this machine's constants fitted, leave one out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.plan.costs import MODE_KEYS, Prediction, predict
+from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, seconds, time_terms
+
+MEASURED = Path(__file__).with_name("data") / "measured_cpu_compare.json"
+
+
+def measured_records(extra_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """The records measured on this project's 2-core CPU machine (shipped), plus any `compare.json` in `extra_dir`."""
+    return json.loads(MEASURED.read_text()) + (load_records(Path(extra_dir)) if extra_dir else [])
+
+
+def records_sentence(records: list[dict[str, Any]]) -> str:
+    """What measured records cover, read from them: per machine, each model's world sizes and the repeats."""
+    lines = []
+    for machine in dict.fromkeys(r.get("machine", "?") for r in records):
+        mine = [r for r in records if r.get("machine", "?") == machine]
+        models = dict.fromkeys(r["model"] for r in mine)
+        sizes = {m: sorted({r["world_size"] for r in mine if r["model"] == m}) for m in models}
+        repeats = sorted({len(r.get("repeat_seconds") or [0]) for r in mine})
+        modes = len({r["mode"] for r in mine})
+        each = "measured once" if repeats == [1] else f"the median of {' or '.join(map(str, repeats))} repeats"
+        lines.append(f"{machine}: " + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
+                     + f"; {modes} save mode{'s' * (modes != 1)}, {len(mine)} records (every rank), each {each}")
+    return "Measured saves: " + ". ".join(lines) + "."
+
+
+ON_ALL_RANKS = ("partitioned", "gathered16", "per_param")  # the saves; offline and hf run in one process
+
+
+def cpu_share(record: dict[str, Any]) -> float:
+    """Ranks per CPU core during a save (at least 1): CPU ranks beyond the machine's cores take turns."""
+    cpus = record.get("cpus")
+    return max(1.0, record["world_size"] / cpus) if cpus and record["mode"] in ON_ALL_RANKS else 1.0
+
+
+def features(record: dict[str, Any], pred: Prediction | None = None) -> dict[str, float]:
+    """A measured save as the terms its seconds are fitted from: its mode's fixed cost and bytes, what it moves.
+
+    Each mode has its own writer (the committed save's hashed O_DIRECT writes, `torch.save` through the page cache,
+    safetensors), so each gets its own fixed cost and its own seconds per byte written and read. The routes that
+    read a checkpoint open, check and unpickle 2 files per rank whatever their size: a cost per file. Work done by
+    the CPU takes `cpu_share` times as long when ranks share cores; the collectives' bytes and ring steps are waits.
+    `pred`: the record's prediction, when the caller has it already.
+    """
+    pred = pred or predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
+    mode, q, share = record["mode"], quantities(pred, record["mode"]), cpu_share(record)
+    mine = {m: share * (m == mode) for m in MODE_KEYS}
+    return {**{f"fixed {m}": v for m, v in mine.items()},
+            **{f"bytes {m}": v * (q["write"] + q["read"]) for m, v in mine.items()},
+            **{f"files {m}": q["files"] * (m == mode) for m in READ_RANK_FILES},
+            "net": q["net"], "steps": q["steps"]}
+
+
+def fit(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per unit of each feature, at least 0, that minimise the relative error over `rows`.
+
+    Weighted least squares (numpy); a term that comes out below 0 is dropped and the rest refitted (a cost cannot be
+    negative, and numpy has no non-negative solver).
+    """
+    import numpy as np
+
+    keys = [k for k in rows[0]["features"] if any(r["features"][k] for r in rows)]
+    while True:
+        x = np.array([[r["features"][k] / r["measured s"] for k in keys] for r in rows])
+        theta = np.linalg.lstsq(x, np.ones(len(rows)), rcond=None)[0]
+        if (theta >= 0).all():
+            return {k: float(theta[keys.index(k)]) if k in keys else 0.0 for k in rows[0]["features"]}
+        keys.pop(int(np.argmin(theta)))
+
+
+def predicted(row: dict[str, Any], constants: dict[str, float]) -> float:
+    """A measured save's seconds from fitted constants."""
+    return sum(v * constants[k] for k, v in row["features"].items())
+
+
+def calibration(records: list[dict[str, Any]], bw: Bandwidths) -> list[dict[str, Any]]:
+    """Rank 0 of each measured save: its seconds predicted from `bw` alone, and from this machine's constants.
+
+    The constants (`features`: per mode a fixed cost and seconds per byte written and read; seconds per byte
+    received and per ring step) are fitted on the machine's *other* saves (leave one out), so no record is predicted
+    from a fit that saw it. Records are fitted per machine (their `machine` field); too few: no fitted figure.
+    """
+    rows = []
+    for r in (r for r in records if r["rank"] == 0):
+        pred = predict(r["model"], r["world_size"], r["dtype"], r["persistence_threshold"])
+        rows.append({"machine": r.get("machine", "?"), "model": r["model"], "mode": r["mode"], "N": r["world_size"],
+                     "measured s": r["seconds"], "repeat s": r.get("repeat_seconds", []),
+                     "bandwidth-only s": sum(time_terms(pred, bw)[r["mode"]].values()),
+                     "bytes exact": r["predicted_bytes"] == r["measured_payload_bytes"], "features": features(r, pred)})
+    for i, row in enumerate(rows):
+        others = [o for j, o in enumerate(rows) if j != i and o["machine"] == row["machine"]]
+        row["fitted s"] = predicted(row, fit(others)) if enough([row, *others]) else None
+        for key in ("bandwidth-only s", "fitted s"):
+            row[key.replace(" s", " error")] = None if row[key] is None else row[key] / row["measured s"] - 1
+    return rows
+
+
+def enough(rows: list[dict[str, Any]]) -> bool:
+    """Whether there are more saves than constants to fit (leaving one out)."""
+    return len(rows) > len(rows[0]["features"]) + 1
+
+
+def rate(seconds_per_byte: float) -> str:
+    """A fitted seconds-per-byte constant as GB/s."""
+    return f"{1 / seconds_per_byte / GB:.3g} GB/s" if seconds_per_byte else "not fitted (0)"
+
+
+def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per machine with enough saves, the constants fitted on all of them, as a person reads them."""
+    out = []
+    for machine in dict.fromkeys(r["machine"] for r in rows):
+        mine = [r for r in rows if r["machine"] == machine]
+        if not enough(mine):
+            continue
+        c = fit(mine)
+        named = [*((f"{m}: fixed seconds per save", seconds(c[f"fixed {m}"])) for m in MODE_KEYS),
+                 *((f"{m}: bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
+                 *((f"{m}: per rank file read", seconds(c[f"files {m}"])) for m in READ_RANK_FILES),
+                 ("network: bytes received", rate(c["net"])), ("latency of one ring step", seconds(c["steps"]))]
+        out += [{"machine": machine, "constant": k, "value": v} for k, v in named]
+    return out
+
+
+def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) -> str:
+    """How many predicted times lie within `tolerance` of the measured ones, both ways, and the bytes verdict."""
+    def within(key: str) -> str:
+        rated = [r for r in rows if r[key] is not None]
+        near = sum(abs(r[key]) <= tolerance for r in rated)
+        worst = max(rated, key=lambda r: abs(r[key]), default=None)
+        return (f"{near} of {len(rated)} within {tolerance:.0%}" + (f" (worst: {worst['model']} {worst['mode']} at "
+                f"N = {worst['N']}, {worst[key]:+.0%})" if worst else ""))
+
+    exact = sum(r["bytes exact"] for r in rows)
+    repeats = [x / r["measured s"] - 1 for r in rows for x in r["repeat s"]]
+    floor = (f" The measurements' own spread: {sum(abs(e) <= tolerance for e in repeats)} of {len(repeats)} single "
+             f"repeats lie within {tolerance:.0%} of their median." if repeats else "")
+    unfitted = sum(r["fitted error"] is None for r in rows)
+    few = f" ({unfitted} saves of a machine with too few of them to fit have no fitted figure)" if unfitted else ""
+    return (f"Against {len(rows)} measured saves (rank 0): bandwidths alone put {within('bandwidth-only error')}; "
+            f"with this machine's constants fitted on its other saves, {within('fitted error')}{few}.{floor} "
+            f"Bytes written: {exact} of {len(rows)} equal the prediction exactly.")
+
+
+RESULTS = "compare.json"
+
+
+def load_records(out_dir: Path) -> list[dict[str, Any]]:
+    """Records measured earlier into `out_dir/compare.json` (none when it does not exist).
+
+    Records of an older format (without file predictions or stall times) are dropped: they are measured again.
+    """
+    path = Path(out_dir) / RESULTS
+    return [r for r in json.loads(path.read_text()) if "stall_seconds" in r] if path.is_file() else []

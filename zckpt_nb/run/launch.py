@@ -1,0 +1,312 @@
+"""Run a job on N ranks from a notebook cell (or the shell) through the real `torchrun` launcher.
+
+Why a subprocess and not `torch.multiprocessing.spawn`: spawn cannot pickle functions defined in a
+notebook, and a multi-GPU DeepSpeed job needs a real launcher anyway. The launcher runs in its own
+session; on a timeout, an error or a kernel interrupt we kill it *and every descendant* (torchrun
+starts each worker in a session of its own, so killing one process group is not enough).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.errors import LaunchError, LaunchStopped, LaunchTimeout, UsageError
+from zckpt_nb.format.disk import check_writable
+from zckpt_nb.format.layout import committed_tags
+from zckpt_nb.run import lifeline, lock
+from zckpt_nb.run.nodes import ONE_NODE, Nodes
+from zckpt_nb.run.options import TrainOptions
+
+_PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]:)?")
+
+
+_STEP = re.compile(r"^step (\d+)/(\d+) ")
+
+
+LEADS = ("rank 0", "node 0 rank 0")  # the label of global rank 0, which prints the `step k/n` lines
+
+
+@dataclass
+class RunResult:
+    """What a training launch measured: `run.json` as an object, plus the launcher's own view."""
+
+    output_dir: Path
+    world_size: int
+    backend: str
+    device: str
+    num_params: int
+    vocab_size: int
+    steps: list[int]
+    losses: list[float]
+    ranks: list[dict[str, Any]]
+    data: dict[str, Any]
+    log: list[str] = field(repr=False)
+    launch_seconds: float
+
+    @classmethod
+    def from_dir(cls, output_dir: Path, log: list[str], seconds: float) -> RunResult:
+        """Read `output_dir/run.json` written by rank 0."""
+        data = json.loads((output_dir / "run.json").read_text())
+        keys = ["world_size", "backend", "device", "num_params", "vocab_size", "steps", "losses", "ranks"]
+        return cls(output_dir, **{k: data[k] for k in keys}, data=data, log=log, launch_seconds=seconds)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for the rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gpu_count() -> int:
+    """CUDA GPUs visible to this process (0 on CPU-only machines or with DS_ACCELERATOR=cpu)."""
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, nodes: Nodes = ONE_NODE) -> None:
+    """Reject bad training input with one clear line, before any rank starts."""
+    if nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {nproc})")
+    if nodes.problem():
+        raise UsageError(nodes.problem())
+    gpus = gpu_count()
+    if gpus and nproc > gpus:
+        raise UsageError(f"--nproc {nproc} asks for more GPU ranks than the {gpus} GPU(s) here; use --nproc {gpus}")
+    if opts.steps < 1 or opts.save_every < 0 or timeout <= 0:
+        raise UsageError(f"--steps must be >= 1, --save_every >= 0 and --timeout > 0 "
+                         f"(got {opts.steps}, {opts.save_every}, {timeout})")
+    output_dir = Path(opts.output_dir)
+    check_writable(output_dir)
+    if opts.resume and not committed_tags(output_dir):  # not `latest`: a crash may hit between manifest and latest
+        raise UsageError(f"--resume: no committed checkpoint in {output_dir}; "
+                         "train with --save_checkpoint first or point --output_dir at a checkpoint folder")
+
+
+def worker_env(nproc: int) -> dict[str, str]:
+    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo); who launched them (lifeline)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **lifeline.launcher_env())
+    if not gpu_count():
+        env["DS_ACCELERATOR"] = "cpu"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
+
+
+def torchrun_command(module: str, args: list[str], nproc: int, log_dir: str, nodes: Nodes = ONE_NODE) -> list[str]:
+    """The torchrun command line for this node; `--tee 3` makes it prefix every line with the local rank."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            *nodes.torchrun_flags(free_port()), "--tee", "3", "--log-dir", log_dir, "-m", module, *args]
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Terminate the launcher and every process below it; SIGKILL whatever outlives `grace` seconds."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
+def read_lines(proc: subprocess.Popen, deadline: float, stop: threading.Event | None = None) -> Iterator[str]:
+    """Yield the job's output lines as they come; end early once `stop` is set; raise TimeoutError past `deadline`."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    while stop is None or not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        try:
+            line = lines.get(timeout=min(left, 0.25))
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        yield line
+
+
+def progress_of(text: str) -> tuple[int, int] | None:
+    """(done, total) from a rank's `step k/n` line, else None."""
+    m = _STEP.match(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def label(line: str, nproc: int = 1, nodes: Nodes = ONE_NODE) -> tuple[str, str]:
+    """Split torchrun's `[defaultN]:` prefix (N: local rank) off a line: (`nodes.who`, text) or ('launcher', line)."""
+    m = _PREFIX.match(line)
+    return (nodes.who(int(m.group(1)), nproc), line[m.end():]) if m else ("launcher", line)
+
+
+class Progress:
+    """A tqdm.auto bar that follows rank 0's `step k/n` lines and prints every line above it."""
+
+    def __init__(self, name: str, show_lines: bool, show_bar: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self._tqdm, self.bar, self.show_lines, self.show_bar, self.name = tqdm, None, show_lines, show_bar, name
+
+    def line(self, who: str, text: str) -> None:
+        step = progress_of(text) if who in LEADS else None
+        quiet_step = False
+        if step:
+            done, total = step
+            quiet_step = done % max(1, total // 10) != 0 and done not in (1, total)  # the bar shows every step
+            if self.show_bar:
+                if self.bar is None:
+                    self.bar = self._tqdm(total=total, initial=done - 1, desc=self.name, unit="step")
+                self.bar.update(done - self.bar.n)
+        if self.show_lines and not quiet_step:
+            self._tqdm.write(f"[{who}] {text}", file=sys.stdout)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def tails(per_rank: dict[str, deque]) -> str:
+    """The last lines of every rank, for an error message."""
+    return "\n".join(f"--- last lines of {who} ---\n" + "\n".join(lines) for who, lines in sorted(per_rank.items()))
+
+
+def keep_log(path: Path, log: list[str]) -> None:
+    """Write the job's output to `path`; a full or read-only disk is reported, never hides the job's own outcome."""
+    try:
+        path.write_text("\n".join(log) + "\n")
+    except OSError as e:
+        print(f"zckpt_nb: could not write the job's log to {path}: {e}", file=sys.stderr)
+
+
+def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, name: str,
+                  log_path: Path | None = None, verbose: bool = True, progress: bool = True,
+                  on_line: Callable[[str, str], None] | None = None,
+                  stop: threading.Event | None = None, nodes: Nodes = ONE_NODE) -> tuple[list[str], float]:
+    """Run `python -m module args` on `nproc` ranks (of this node); return (all output lines, seconds). Never hangs.
+
+    `on_line(who, text)` sees every line; setting `stop` (from any thread) kills every rank and raises LaunchStopped.
+    """
+    log: list[str] = []
+    per_rank: dict[str, deque] = defaultdict(lambda: deque(maxlen=12))
+    shown = Progress(name, verbose, progress)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="zckpt_torchrun_") as log_dir:
+        proc = subprocess.Popen(torchrun_command(module, args, nproc, log_dir, nodes), env=worker_env(nproc),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                start_new_session=True)
+        try:
+            for raw in read_lines(proc, start + timeout, stop):
+                who, text = label(raw, nproc, nodes)
+                log.append(f"[{who}] {text}")
+                per_rank[who].append(text)
+                shown.line(who, text)
+                if on_line:
+                    on_line(who, text)
+            if stop is not None and stop.is_set():
+                kill_tree(proc)
+                raise LaunchStopped(f"job '{name}' was stopped; all ranks were killed")
+            proc.wait()
+        except TimeoutError:
+            kill_tree(proc)
+            raise LaunchTimeout(f"job '{name}' timed out after {timeout:.0f} s; all ranks were killed\n"
+                                + tails(per_rank)) from None
+        finally:
+            shown.close()
+            if proc.poll() is None:  # KeyboardInterrupt or any other exit path: leave no orphan rank
+                kill_tree(proc)
+            if log_path is not None and log_path.parent.is_dir():
+                keep_log(log_path, log)
+    if proc.returncode != 0:
+        raise LaunchError(f"job '{name}' failed (exit code {proc.returncode})\n" + tails(per_rank))
+    return log, time.monotonic() - start
+
+
+def default_timeout(model: str, nproc: int, steps: int) -> float:
+    """A generous bound for one launch: start-up plus the preset's step time, scaled by ranks per CPU core.
+
+    Only a bound (a hung job must end); it is no performance claim. On GPUs it is far more than needed.
+    """
+    per_step = {"tiny": 0.2, "small": 1.5, "medium": 15.0, "large": 60.0}.get(model, 60.0)
+    crowding = max(1.0, nproc / (os.cpu_count() or 1))
+    return 300 + crowding * (60 * nproc + per_step * steps * 3)
+
+
+def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny", *, timeout: float | None = None,
+           verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
+           stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, **options: Any) -> RunResult:
+    """Train with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements.
+
+    `options` are the worker's, typed (`run.options.TrainOptions`: `save_every=50`, `save_mode="async"`,
+    `model="small"`, ...); a name it does not take is refused. `timeout=None` scales the bound with the preset, the
+    steps and the ranks (`default_timeout`). `on_line` and `stop` go to `launch_module`: every output line, and an
+    event that stops the job from any thread. On several nodes, call it once per node with its `nodes`
+    (`run.nodes`); `nproc` is the ranks of each node.
+    """
+    output_dir = Path(output_dir).resolve()
+    opts = TrainOptions.build(steps=steps, output_dir=str(output_dir), **options)
+    timeout = timeout or default_timeout(opts.model, nproc, steps)
+    check_train_args(nproc, opts, timeout=timeout, nodes=nodes)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    where = f" of node {nodes.node_rank} ({nodes.nnodes} nodes)" if nodes.nnodes > 1 else ""
+    name = f"train {opts.model} on {nproc} rank(s){where} -> {output_dir}"
+    try:
+        mine = lock.take(output_dir, nodes.job(), nodes.node_rank)  # after the checks, before any write
+    except lock.FolderInUse as e:
+        raise UsageError(str(e)) from None
+    try:
+        (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
+        log, seconds = launch_module("zckpt_nb.train", opts.argv(), nproc=nproc, timeout=timeout, name=name,
+                                     log_path=output_dir / log_name(nodes), verbose=verbose, progress=progress,
+                                     on_line=on_line, stop=stop, nodes=nodes)
+    finally:
+        lock.release(output_dir, mine)
+    return RunResult.from_dir(output_dir, log, seconds)
+
+
+def log_name(nodes: Nodes) -> str:
+    """The launcher's log in the output folder: `launch.log`, `launch.node{K}.log` for the other nodes' launchers."""
+    return f"launch.node{nodes.node_rank}.log" if nodes.node_rank else "launch.log"
+
+
+def fresh_dir(path: str | Path) -> Path:
+    """Empty (or create) `path` so a notebook re-run starts from nothing; returns it resolved."""
+    path = Path(path).resolve()
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path

@@ -1,0 +1,106 @@
+"""Ranks die with their launcher, whatever kills it; the CLI treats SIGTERM and SIGHUP like Ctrl-C.
+
+torchrun starts each rank in a session of its own, so a signal to the launcher's process group never
+reaches the ranks, and a launcher killed by SIGKILL cannot clean up: the ranks would go on training and
+writing checkpoints as orphans. Two guards in every rank (`arm`):
+
+- the kernel's: `prctl(PR_SET_PDEATHSIG, SIGKILL)` kills the rank the moment its parent, torchrun, dies;
+- a watchdog thread: once a second it checks that the rank's parent is unchanged and that the process that
+  called `launch` (the CLI or a notebook kernel, named by `ZCKPT_LAUNCHER`) is still alive, and ends the
+  rank with one line when not. torchrun then sees its ranks fail and exits too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+LAUNCHER_ENV = "ZCKPT_LAUNCHER"
+
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def identity(pid: int) -> str:
+    """`pid:start_time`: names one process even after its pid is reused."""
+    import psutil
+
+    return f"{pid}:{psutil.Process(pid).create_time()}"
+
+
+def alive(pid: int, started: float) -> bool:
+    """Is process `pid`, started at `started`, still running (a zombie or a reused pid counts as gone)?"""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def launcher_env() -> dict[str, str]:
+    """What `launch` adds to the ranks' environment: the identity of the calling process."""
+    return {LAUNCHER_ENV: identity(os.getpid())}
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def why_orphaned(parent: int, launcher: tuple[int, float] | None) -> str | None:
+    """None while the parent and the launcher live; else which of them is gone."""
+    if os.getppid() != parent:
+        return f"its parent (torchrun, pid {parent}) is gone"
+    if launcher and not alive(*launcher):
+        return f"the launching process (pid {launcher[0]}) is gone"
+    return None
+
+
+def watch(parent: int, launcher: tuple[int, float] | None, period: float) -> None:
+    """The watchdog's loop: end this rank with one line once it is orphaned."""
+    while (why := why_orphaned(parent, launcher)) is None:
+        time.sleep(period)
+    print(f"rank {os.environ.get('RANK', '?')}: stopping: {why}; no rank may train on alone", file=sys.stderr,
+          flush=True)
+    os._exit(1)  # from a thread: sys.exit would end only the watchdog
+
+
+def arm(period: float = 1.0) -> None:
+    """Make this rank die with torchrun (kernel) and with the launching process (watchdog thread)."""
+    parent = os.getppid()
+    die_with_parent()
+    spec = os.environ.get(LAUNCHER_ENV)
+    launcher = (int(spec.split(":")[0]), float(spec.split(":")[1])) if spec else None
+    threading.Thread(target=watch, args=(parent, launcher, period), name="zckpt-lifeline", daemon=True).start()
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the launcher: unwound like Ctrl-C, so `launch` stops every rank."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def signals_interrupt(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Within the block (main thread only), `signums` raise `Stopped` instead of ending the process at once."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,149 @@
+"""One way in for every save: `Checkpointer.save`, and `save` / `resume` for a training loop of your own.
+
+The seed's snippet guards the whole save with `if dist.get_rank() == 0:`. Under ZeRO-3 that hangs:
+`engine.save_checkpoint` is collective (every rank writes its own shard and joins barriers), so
+rank 0 waits forever for ranks that never arrive. The guard belongs around what only one process
+should do: creating the directory and writing the tokenizer. Here that is the commit protocol's preparation,
+run by the folder's writer (`format.layout.writes_folder`); every rank calls `save`.
+
+The save modes (`SAVE_MODES`), as torchtitan's `CheckpointManager.save` takes its own:
+- `commit` (default): the commit protocol (`saving.commit`): durable, verified, resumable;
+- `async`: a host snapshot now, the write and the commit in a background thread (`saving.async_save`);
+- `plain`: DeepSpeed's `save_checkpoint` alone; `ds_python`, `ds_decoupled`, `ds_fast`: the same through DeepSpeed's
+  own checkpoint engines (configure the engine with `saving.engines.writer_section(mode)`, `saving.engines`);
+- `rank0_only`: the seed's snippet, which cannot finish (notebook 06 runs it, bounded);
+- `gathered16`, `per_param`: one consolidated model (`saving.routes`) written into the output folder.
+Only `commit` and `async` are durable and resumable with `resume`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.errors import UsageError
+from zckpt_nb.format.layout import SHARED_FILES, tag_for, writes_folder
+from zckpt_nb.saving import rotation
+from zckpt_nb.saving.async_save import AsyncSaver
+from zckpt_nb.saving.commit import SaveOutcome, prepare_folder, save_committed
+from zckpt_nb.saving.engines import WRITERS
+from zckpt_nb.saving.patterns import save_plain, save_rank0_only
+from zckpt_nb.saving.resume import agreed_resume_tag, load_verified
+from zckpt_nb.saving.routes import save_gathered16, save_per_param
+
+TRAINING_MODES = ("commit", "async", "plain", "rank0_only", *WRITERS)  # what a training loop saves with
+ROUTES = {"gathered16": save_gathered16, "per_param": save_per_param}  # one consolidated model
+SAVE_MODES = (*TRAINING_MODES, *ROUTES)
+DURABLE_MODES = ("commit", "async")
+
+
+def collective_seconds(flag: float | None) -> float:
+    """Seconds a collective may wait: `flag`, else $ZCKPT_COLLECTIVE_TIMEOUT, else 600."""
+    return flag if flag is not None else float(os.environ.get("ZCKPT_COLLECTIVE_TIMEOUT", 600))
+
+
+def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
+    """What rank 0 writes beside the checkpoints: the tokenizer (if any), and config.json (what `export` reads)."""
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    config = getattr(engine.module, "config", None)
+    if config is not None and hasattr(config, "save_pretrained"):
+        config.save_pretrained(folder)
+
+
+class Checkpointer:
+    """Every save mode behind one call. Build one on every rank; call `save` on every rank at the same steps.
+
+    `tokenizer` and `identity` (what the manifest records about the model) are optional; `keep_last` keeps the
+    newest K committed checkpoints. An `async` checkpointer has at most one save in flight: `poll` picks up its
+    outcome once committed, `finish` waits for it (call it before the end of training).
+    """
+
+    def __init__(self, engine: Any, output_dir: str | Path, *, mode: str = "commit", tokenizer: Any = None,
+                 keep_last: int = 0, identity: dict[str, Any] | None = None,
+                 collective_timeout: float | None = None) -> None:
+        if mode not in SAVE_MODES:
+            raise UsageError(f"save mode {mode!r} is not one of {', '.join(SAVE_MODES)}")
+        self.engine, self.output_dir, self.mode, self.tokenizer = engine, Path(output_dir), mode, tokenizer
+        self.keep_last, self.identity = keep_last, identity or {}
+        self.timeout_s = collective_seconds(collective_timeout)
+        self.saver = AsyncSaver(engine, output_dir, self.identity, keep_last=keep_last, timeout_s=self.timeout_s) \
+            if mode == "async" else None
+
+    def save(self, step: int, client_state: dict[str, Any] | None = None) -> SaveOutcome:
+        """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank.
+
+        Never raises for a failed write: `.committed` is False on every rank and `.error` says which rank, what and
+        where. An `async` save returns in flight (neither committed nor failed); a route returns once written.
+        """
+        state, tag = dict(client_state or {}), tag_for(step)
+        if self.mode in ROUTES:
+            return self.save_route(step)
+        if self.saver:
+            self.saver.finish()  # at most one in flight (the worker has already waited, and reported it)
+            return self.saver.save(tag, state, step, self.preparation(tag))
+        if self.mode == "plain" or self.mode in WRITERS:
+            return save_plain(self.engine, self.output_dir, tag, state)
+        if self.mode == "rank0_only":
+            return save_rank0_only(self.engine, self.tokenizer, self.output_dir, tag, state, self.timeout_s)
+        outcome = save_committed(self.engine, self.output_dir, tag, state, step=step, identity=self.identity,
+                                 prepare=self.preparation(tag))
+        if outcome.committed and self.keep_last:  # the same on every rank, so every rank joins rotation's gather
+            rotation.after_commit(self.output_dir, self.keep_last, outcome, self.node_local())
+        return outcome
+
+    def save_route(self, step: int) -> SaveOutcome:
+        """One consolidated model into the output folder (`saving.routes`), on every rank; rank 0 writes it."""
+        start = time.perf_counter()
+        ROUTES[self.mode](self.engine, self.output_dir)
+        return SaveOutcome(self.mode, step, True, seconds=time.perf_counter() - start)
+
+    def poll(self) -> SaveOutcome | None:
+        """At a step boundary: an asynchronous save's outcome once its background commit is done, else None."""
+        return self.saver.poll() if self.saver else None
+
+    def finish(self) -> SaveOutcome | None:
+        """Wait for the asynchronous save in flight, if any; its outcome."""
+        return self.saver.finish() if self.saver else None
+
+    def node_local(self) -> bool:
+        return bool(self.engine.use_node_local_storage())
+
+    def preparation(self, tag: str) -> Any:
+        """What the folder's writer does before a save (the folder, the tokenizer and config once); None elsewhere."""
+        if not writes_folder(self.node_local()):
+            return None
+        shared = SHARED_FILES if self.tokenizer is not None else ("config.json",)
+        return partial(prepare_folder, self.output_dir, tag, partial(write_shared, self.engine, self.tokenizer),
+                       shared)
+
+
+_OPEN: dict[tuple[int, str, str], Checkpointer] = {}  # save()'s checkpointers: an async save outlives its call
+
+
+def save(engine: Any, output_dir: str | Path, *, step: int | None = None, mode: str = "commit", tokenizer: Any = None,
+         client_state: dict[str, Any] | None = None, keep_last: int = 0, identity: dict[str, Any] | None = None,
+         collective_timeout: float | None = None) -> SaveOutcome:
+    """Save a ZeRO-3 checkpoint of `engine` from every rank (default step: the engine's `global_steps`)."""
+    key = (id(engine), str(Path(output_dir).resolve()), mode)
+    if key not in _OPEN or _OPEN[key].engine is not engine:
+        _OPEN[key] = Checkpointer(engine, output_dir, mode=mode, tokenizer=tokenizer, keep_last=keep_last,
+                                  identity=identity, collective_timeout=collective_timeout)
+    return _OPEN[key].save(engine.global_steps if step is None else step, client_state)
+
+
+def wait(engine: Any) -> list[SaveOutcome]:
+    """Every rank: finish the asynchronous saves `save` started for `engine`; their outcomes."""
+    done = [c.finish() for key, c in _OPEN.items() if key[0] == id(engine)]
+    return [outcome for outcome in done if outcome is not None]
+
+
+def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
+    """Every rank: load the newest committed checkpoint (or `tag`) into `engine`, after every rank verified its own
+    files against the manifest and every file was unpickled weights-only; returns the saved client state."""
+    tag = tag or agreed_resume_tag(output_dir, None)[0]
+    return load_verified(engine, output_dir, tag)
+

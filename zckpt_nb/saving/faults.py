@@ -1,0 +1,111 @@
+"""Real faults on demand, for the tests and notebook 06: `ZCKPT_FAULT=point:rank:step[:seconds]`.
+
+The worker reads the variable and, when rank `rank` reaches `point` of the save at step `step`, does
+something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`, and
+`background`: between the two files of an asynchronous save's background write; after `seconds` if given), stalls
+like a write to a hung network filesystem (`stall`, for `seconds`), or fills the target filesystem the way a
+neighbour job's temporary file would (`fill`, removed again once the save is
+over). Nothing is mocked: the files, errors and dead processes are real.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+KILL_POINTS = ("shards", "before_commit", "latest", "background")
+
+
+POINTS = (*KILL_POINTS, "stall", "fill")
+
+
+FILL_LIMIT = 2**30  # refuse to fill a filesystem with more free space than this: only small test mounts
+
+
+def parse(spec: str) -> tuple[str, int, int, float]:
+    """Split `point:rank:step[:seconds]`; ValueError naming the known points otherwise."""
+    parts = spec.split(":")
+    if len(parts) not in (3, 4) or parts[0] not in POINTS:
+        raise ValueError(f"ZCKPT_FAULT={spec!r}: expected point:rank:step[:seconds] with point in {', '.join(POINTS)}")
+    return parts[0], int(parts[1]), int(parts[2]), float(parts[3]) if len(parts) == 4 else 0.0
+
+
+def armed(point: str, rank: int, step: int) -> float | None:
+    """The fault's seconds argument when ZCKPT_FAULT names this point, rank and step; else None."""
+    spec = os.environ.get("ZCKPT_FAULT")
+    if not spec:
+        return None
+    name, at_rank, at_step, seconds = parse(spec)
+    return seconds if (name, at_rank, at_step) == (point, rank, step) else None
+
+
+FILLER = ".zckpt_fill"
+
+
+def fill(directory: Path) -> None:
+    """Write a filler file into `directory` until its filesystem is full (ENOSPC), as a neighbour job would."""
+    if shutil.disk_usage(directory).free > FILL_LIMIT:
+        raise RuntimeError(f"ZCKPT_FAULT fill refused: {directory} has more than 1 GiB free; use a small mount")
+    block = b"\0" * 2**16
+    try:
+        with open(directory / FILLER, "ab") as f:
+            while True:
+                f.write(block)
+                f.flush()
+    except OSError:
+        pass
+
+
+def maybe(point: str, rank: int, step: int, directory: Path | None = None) -> None:
+    """Inject the fault ZCKPT_FAULT asks for at this point, if any."""
+    seconds = armed(point, rank, step)
+    if seconds is None:
+        return
+    print(f"ZCKPT_FAULT: rank {rank} injects '{point}' at step {step}", flush=True)
+    if point in KILL_POINTS:
+        time.sleep(seconds)  # a slow write before the crash: the other ranks get that long to run ahead
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif point == "stall":
+        time.sleep(seconds)
+    elif point == "fill" and directory is not None:
+        fill(directory)
+
+
+def release(rank: int, step: int, directory: Path) -> None:
+    """The neighbour's file goes away after the save (so the run can still write run.json and later saves)."""
+    if armed("fill", rank, step) is not None:
+        (directory / FILLER).unlink(missing_ok=True)
+
+
+@contextmanager
+def injected(spec: str | None) -> Iterator[None]:
+    """Set ZCKPT_FAULT for the launches inside the block (ranks inherit it), then clear it. None: no fault."""
+    if spec is None:
+        yield
+        return
+    parse(spec)
+    os.environ["ZCKPT_FAULT"] = spec
+    try:
+        yield
+    finally:
+        del os.environ["ZCKPT_FAULT"]
+
+
+@contextmanager
+def tmpfs(path: Path, options: str) -> Iterator[str | None]:
+    """Mount a real tmpfs (a small disk) at `path` for the block; yields None, or why it could not (needs root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        yield f"cannot mount a tmpfs at {path} (needs root): {done.stderr.strip() or done.returncode}"
+        return
+    try:
+        yield None
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -1,0 +1,103 @@
+"""Several nodes: where a launch sits among them, and whether every rank sees the output folder it must see.
+
+A job on several nodes is one `torchrun` launch per node (`--nnodes`, `--node_rank`, `--master_addr`,
+`--master_port`). Its checkpoints live in one of two layouts:
+
+- shared: every node mounts the same `--output_dir` (NFS, Lustre, ...); rank 0 writes the files beside
+  the tags, the manifest and `latest`; every rank writes its own shards there;
+- node-local (`--node_local_storage`, DeepSpeed's `"checkpoint": {"use_node_local_storage": true}`): each node
+  has its own `--output_dir`; each node's local rank 0 writes the files beside the tags, and its own manifest
+  (listing the whole checkpoint and which node holds which file) and its own `latest`.
+
+A save must never claim files that are not where its manifest says, so before training every rank looks for
+probe files written by each node's local rank 0 (`check_layout`) and the job refuses a layout that does not
+match, in one line naming the nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.errors import LayoutError
+from zckpt_nb.format.layout import committed_tags, node_rank, tag_step, writes_folder
+from zckpt_nb.saving.collective import gather
+from zckpt_nb.saving.rotation import delete_tag
+
+PROBE = ".zckpt_probe.node{}"
+
+
+def probe_report(output_dir: Path, tokens: dict[int, str]) -> dict[str, Any]:
+    """This rank's view: node, host, filesystem identity of `output_dir` and which nodes' probes it sees there."""
+    st = os.stat(output_dir)
+    sees = [n for n, token in tokens.items() if read_probe(output_dir / PROBE.format(n)) == token]
+    return {"node": node_rank(), "host": socket.gethostname(), "fs": f"{st.st_dev}:{st.st_ino}", "sees": sees}
+
+
+def read_probe(path: Path) -> str | None:
+    """A probe file's token, or None when this rank cannot see it."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def layout_problem(reports: list[dict[str, Any]], output_dir: Path, node_local: bool) -> str | None:
+    """One line when some rank does not see what its layout needs (every rank computes the same from `reports`)."""
+    def where(nodes: set[int]) -> str:
+        found = {r["node"]: f"node {r['node']} (host {r['host']}, folder {r['fs']})" for r in reports
+                 if r["node"] in nodes}
+        return ", ".join(found[n] for n in sorted(found))
+
+    if not node_local:
+        blind = {r["node"] for r in reports if 0 not in r["sees"]}
+        return (f"--output_dir {output_dir} is not one shared folder: {where(blind)} cannot see the probe file rank 0 "
+                f"wrote there; mount one shared filesystem on every node, or pass --node_local_storage to keep each "
+                "node's part in its own folder") if blind else None
+    blind = {r["node"] for r in reports if r["node"] not in r["sees"]}
+    if blind:
+        return (f"--output_dir {output_dir}: the ranks of {where(blind)} do not share one folder; give all ranks of "
+                "a node the same --output_dir")
+    crossed = {r["node"] for r in reports if set(r["sees"]) - {r["node"]}}
+    return (f"--node_local_storage, but {where(crossed)} write into one shared folder {output_dir}; drop "
+            "--node_local_storage (a shared filesystem needs none) or give each node its own --output_dir"
+            ) if crossed else None
+
+
+def check_layout(output_dir: str | Path, node_local: bool) -> None:
+    """Every rank: refuse (LayoutError, the same line on every rank) an output folder that does not fit the layout.
+
+    Each node's local rank 0 writes a probe file with a random token; every rank reports which probes it sees;
+    the probes are removed again, so a refused job leaves nothing behind.
+    """
+    import torch.distributed as dist
+
+    output_dir = Path(output_dir)
+    probe = output_dir / PROBE.format(node_rank())
+    mine = secrets.token_hex(16) if writes_folder(node_local=True) else None
+    if mine:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text(mine)
+    tokens = dict(pair for pair in gather((node_rank(), mine) if mine else None) if pair)
+    reports = gather(probe_report(output_dir, tokens))
+    dist.barrier()  # every rank has looked before any probe goes
+    if mine:
+        probe.unlink(missing_ok=True)
+    problem = layout_problem(reports, output_dir, node_local)
+    if problem:
+        raise LayoutError(problem)
+
+
+def drop_partial(output_dir: str | Path, tag: str) -> None:
+    """Before resuming from `tag`, a folder's writer deletes newer checkpoints committed on this node only.
+
+    A crash between the nodes' commits leaves them; deleting them lets their steps be saved again. A failure is one
+    printed line.
+    """
+    for newer in [t for t in committed_tags(output_dir) if tag_step(t) > tag_step(tag)]:
+        error = delete_tag(Path(output_dir), newer)
+        if error:
+            print(f"cannot drop {newer}, committed on this node only: {error}", flush=True)

@@ -1,0 +1,144 @@
+"""Resuming in the ranks: which checkpoint, verified by every rank, converted when N changed, loaded weights-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.reshard import describe_conversion, ensure_universal
+from zckpt_nb.convert.safeload import load
+from zckpt_nb.convert.verify import tag_to_resume, verify_tag
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.client_state import CLIENT_KEY, set_rng_state
+from zckpt_nb.format.layout import UNIVERSAL, committed_tags
+from zckpt_nb.format.manifest import read_manifest
+from zckpt_nb.saving.collective import gather
+
+
+def saved_world_size(ckpt_dir: str | Path) -> int | None:
+    """World size of the checkpoint a resume would pick (None when there is none or it is unreadable)."""
+    try:
+        tag, _ = tag_to_resume(ckpt_dir)
+        return int(read_manifest(Path(ckpt_dir) / tag)["world_size"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
+
+
+def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:
+    """The newest committed tag, verified before loading: each rank hashes its own files, all ranks agree.
+
+    Returns (tag, note) where note says what was skipped; raises CheckpointError on every rank otherwise.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tag, note, error = None, None, None
+    everywhere = set.intersection(*(set(t) for t in gather(committed_tags(ckpt_dir))))  # node-local folders
+    try:
+        tag, note = tag_to_resume(ckpt_dir, everywhere)
+        verify_tag(ckpt_dir, tag, world_size=world, identity=identity, ranks=[rank])
+    except CheckpointError as e:
+        error = str(e)
+    errors = [e for e in gather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0])
+    return tag, note
+
+
+def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float = 600,
+                  convert: bool = True) -> tuple[str, str | None, Path, dict[str, Any] | None]:
+    """Every rank: (tag, note, folder to load from, the universal manifest or None), the same on every rank.
+
+    Same world size: the checkpoint itself (each rank verifies its own files). Another world size: rank 0
+    converts once (or reuses a copy), every other rank waits for its verdict; CheckpointError on every rank.
+    `convert=False` is notebook 07's trap: the newest checkpoint goes to DeepSpeed's own loader as it is.
+    """
+    import torch.distributed as dist
+
+    if not convert:
+        tag, note = tag_to_resume(ckpt_dir)
+        return tag, note, Path(ckpt_dir), None
+    world = dist.get_world_size()
+    if gather(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None)[0] in (None, world):
+        tag, note = agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
+        return tag, note, Path(ckpt_dir), None
+    result: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        try:
+            tag, note = tag_to_resume(ckpt_dir)
+            manifest, reused = ensure_universal(ckpt_dir, tag, identity, timeout)
+            line = describe_conversion(manifest, reused, world)
+            result = {"tag": tag, "note": f"{note}; {line}" if note else line, "manifest": manifest, "reused": reused}
+        except CheckpointError as e:
+            result = {"error": str(e)}
+    result = gather(result)[0]  # rank 0's verdict on every rank
+    if "error" in result:
+        raise CheckpointError(result["error"])
+    return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, {**result["manifest"], "reused": result["reused"]}
+
+
+@cache
+def weights_only_loader() -> type:
+    """`WeightsOnlyLoader`, a subclass of DeepSpeed's `CheckpointEngine` (made on first use, so that importing this
+    module does not import DeepSpeed)."""
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+    class WeightsOnlyLoader(CheckpointEngine):
+        """DeepSpeed's checkpoint engine with a weights-only `load`; create, save and commit are the engine's own.
+
+        The interface's other methods keep CheckpointEngine's defaults, which TorchCheckpointEngine does not override;
+        it stands in only for the duration of one `load_checkpoint` (`weights_only` below).
+        """
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner, self.name = inner, inner.name
+
+        def __getattr__(self, name: str) -> Any:  # what the engine adds beyond the interface (zipfile_serialization)
+            return getattr(self.inner, name)
+
+        def create(self, info: Any) -> Any:
+            return self.inner.create(info)
+
+        def save(self, state_dict: Any, path: str) -> None:
+            self.inner.save(state_dict, path)
+
+        def load(self, path: str, map_location: Any = None) -> Any:
+            return load(path, map_location=map_location)
+
+        def commit(self, info: Any) -> Any:
+            return self.inner.commit(info)
+
+    return WeightsOnlyLoader
+
+
+@contextmanager
+def weights_only(engine: Any) -> Iterator[None]:
+    """Route `engine.load_checkpoint`'s reads through `WeightsOnlyLoader` for the duration of the block."""
+    original = engine.checkpoint_engine
+    engine.checkpoint_engine = weights_only_loader()(original)
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = original
+
+
+def load_verified(engine: Any, load_dir: str | Path, tag: str, restore_rng: bool = True) -> dict[str, Any]:
+    """Load model, optimizer, scheduler and client state from verified checkpoint `tag`; restore this rank's RNG
+    when the client state holds the package's. Returns the client state.
+
+    `restore_rng=False` for a universal load: every rank then reads rank 0's client state, not its own.
+    DeepSpeed's reads go through `weights_only`: a file holding anything but tensors and the types DeepSpeed writes
+    is refused before it can run code, even when its manifest was forged to match it.
+    """
+    with weights_only(engine):
+        path, state = engine.load_checkpoint(str(load_dir), tag=tag)
+    if path is None:
+        raise CheckpointError(f"DeepSpeed found no checkpoint {tag} to load in {load_dir}")
+    if restore_rng and CLIENT_KEY in state:
+        set_rng_state(state[CLIENT_KEY]["rng"])
+    return state

@@ -1,0 +1,86 @@
+"""Four routes from a partitioned ZeRO-3 model to one full model, and the checks that they agree.
+
+1. In-training 16-bit gather: `engine.save_16bit_model` with `stage3_gather_16bit_weights_on_model_save`.
+   Every rank calls it; DeepSpeed gathers one module at a time onto every rank (`GatheredParameters` with
+   `modifier_rank=0`, which broadcasts each module back from rank 0 on exit) and rank 0 keeps a CPU copy of the
+   whole model until it writes it.
+2. Per-parameter gather (DeepSpeed-Chat's `save_zero_three_model`): every rank walks `named_parameters()` inside
+   `deepspeed.zero.GatheredParameters([p])`; rank 0 copies each tensor to CPU. The accelerator never holds more
+   than one full parameter; rank 0's CPU still ends up holding all of P.
+3. Offline conversion: DeepSpeed's `zero_to_fp32` functions read every rank's shard files in one process, with no
+   process group and no GPU.
+4. Hugging Face export: see `zckpt_nb.convert.export`.
+
+Routes 1 and 2 are collective (every rank must call them). Routes 3 and 4 run after training, anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.format.layout import REFERENCE, WEIGHTS
+
+
+def save_gathered16(engine: Any, out_dir: str | Path) -> Path:
+    """Route 1: DeepSpeed's consolidated save, called on every rank; rank 0 writes `out_dir/pytorch_model.bin`.
+
+    With `stage3_gather_16bit_weights_on_model_save` off, DeepSpeed returns False, writes nothing and says so only
+    at INFO level (hidden by default); we print what it returned, so the silent no-op shows.
+    """
+    if not engine.save_16bit_model(str(out_dir), WEIGHTS):
+        print(f"rank {engine.global_rank}: save_16bit_model returned False and wrote nothing "
+              f"(stage3_gather_16bit_weights_on_model_save is "
+              f"{engine.zero_gather_16bit_weights_on_model_save()})", flush=True)
+    return Path(out_dir) / WEIGHTS
+
+
+def gather_per_param(module: Any) -> dict[str, Any] | None:
+    """Route 2's gather: one parameter at a time on every rank; rank 0 keeps a CPU copy (None on other ranks)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    rank0 = dist.get_rank() == 0
+    state: dict[str, Any] = {}
+    for name, param in module.named_parameters():  # tied weights appear once, under their first name
+        with deepspeed.zero.GatheredParameters([param]):
+            if rank0:  # copy=True: on CPU ranks .cpu() returns DeepSpeed's own gathered buffer; keep a copy
+                state[name] = param.data.detach().to("cpu", copy=True)
+    return state if rank0 else None
+
+
+def save_per_param(engine: Any, out_dir: str | Path) -> Path:
+    """Route 2: gather parameter by parameter on every rank; rank 0 writes `out_dir/pytorch_model.bin`."""
+    import torch
+
+    state = gather_per_param(engine.module)
+    path = Path(out_dir) / WEIGHTS
+    if state is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save(state, path)
+    return path
+
+
+def save_reference(engine: Any, input_ids: Any, output_dir: str | Path, rank: int) -> Path:
+    """Write what the proofs compare against: each rank's own partitions, and the engine's logits on `input_ids`.
+
+    The partitions are the raw `ds_tensor` slices each rank holds, copied with no collective and no DeepSpeed
+    consolidation code; `reference_state_dict` joins them with plain torch. So the reference is independent of
+    all four routes. The logits come from the engine's own forward pass (eval mode: no dropout), on every rank.
+    In bf16 runs the slices are the bf16 weights the engine computes with (fp32 master weights live in the
+    optimizer), so there the routes that read fp32 master weights match up to that cast.
+    """
+    import torch
+
+    ref = Path(output_dir) / REFERENCE
+    ref.mkdir(parents=True, exist_ok=True)
+    parts = {name: {"shard": p.ds_tensor.detach().float().cpu().clone(), "shape": tuple(p.ds_shape)}
+             for name, p in engine.module.named_parameters()}
+    torch.save(parts, ref / f"partitions_rank{rank}.pt")
+    engine.eval()
+    with torch.no_grad():
+        logits = engine(input_ids=input_ids).logits.float().cpu()
+    if rank == 0:
+        torch.save({"input_ids": input_ids.cpu(), "logits": logits}, ref / "logits.pt")
+    return ref
