@@ -1,13 +1,14 @@
 # Two commands on a fresh machine (Python 3.11, no GPU, no conda):
 #   make notebooks   # set up .venv, execute every notebook into build/
 #   make test        # set up .venv, run the whole test suite (what CI runs)
+#   make test-fast   # set up .venv, unit tests and one 2-rank smoke run (the edit-test loop, under 3 minutes)
 #   make lab         # set up .venv, open notebooks/ in JupyterLab on 127.0.0.1 (prints the URL with its token)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: notebooks test lab lint bench clean
+.PHONY: notebooks test test-fast lab lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +23,9 @@ notebooks: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m fast
 
 lab: $(STAMP)
 	$(PY) -m jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)

@@ -1,7 +1,7 @@
 """How fast each save mode makes a checkpoint durable, against what the filesystem itself allows, and its stall.
 
 In one run, on the filesystem of --output_dir:
-1. one training launch per save mode (`zckpt_nb.stall.measure_modes`: plain, commit, async), saving every few
+1. one training launch per save mode (`zckpt_nb.lessons.stall.measure_modes`: plain, commit, async), saving every few
    steps; per save, the slowest rank's stall and time to durable;
 2. two durable write limits with the same shape as a checkpoint: N processes at once, each writing one file of its
    rank's checkpoint bytes, with O_DIRECT + fsync (no page cache) and buffered + fsync;

@@ -5,6 +5,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast  # make test-fast
+
 PKG = Path(__file__).resolve().parents[1] / "zckpt_nb"
 # Bottom to top; a module may import its own layer's modules and any lower layer's, never a higher one's.
 LAYERS = [
@@ -15,7 +19,7 @@ LAYERS = [
     ("run", ["zckpt_nb.run"]),
     ("lessons", ["zckpt_nb.lessons"]),
     ("ui", ["zckpt_nb.ui"]),
-    ("entry points", ["zckpt_nb.train", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb"]),
+    ("entry points", ["zckpt_nb.train", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb.examples", "zckpt_nb"]),
 ]
 
 

@@ -343,8 +343,10 @@ def test_model_card_states_the_run_facts_and_the_hub_front_matter(routes_run, hf
     sha = sha256_file(routes_run.output_dir / tag / MANIFEST)
     assert rows["SHA-256 of the tag's `zckpt_manifest.json`"] == f"`{sha}`"
     assert rows["preset"] == "tiny" and rows["world size (ranks that trained and saved it)"] == "2"
-    assert rows["training steps"] == str(STEPS) and rows["loss at the last step"] == f"{routes_run.losses[-1]:.4f}"
-    assert rows["parameters"].startswith(f"{routes_run.num_params:,} ")
+    assert rows["training steps"] == str(STEPS)
+    assert rows["loss at the last step"] == f"{routes_run.losses[-1]:.4f} (run.json)"
+    assert rows["parameters"] == f"{routes_run.num_params:,} (the head is tied to the embedding)"
+    assert rows["architecture"] == "`gpt2`" and "- gpt2" in front.splitlines()
     entries, vocab = len(AutoTokenizer.from_pretrained(hf[0])), AutoConfig.from_pretrained(hf[0]).vocab_size
     assert entries < vocab and f"The tokenizer has {entries} entries; the model's vocabulary has {vocab} rows" in card
     assert f'from_pretrained("{hf[0].name}")' in card

@@ -3,7 +3,10 @@
 import re
 from pathlib import Path
 
+import pytest
 import tomllib
+
+pytestmark = pytest.mark.fast  # make test-fast
 
 ROOT = Path(__file__).resolve().parents[1]
 

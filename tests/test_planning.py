@@ -34,6 +34,8 @@ from zckpt_nb.plan.planning import (
     verdict,
 )
 
+pytestmark = pytest.mark.fast  # make test-fast
+
 
 def llama_numel(c: dict) -> int:
     """Parameters of a Llama layout in closed form: embeddings, attention with grouped KV heads, gated MLP, norms."""

@@ -2,9 +2,12 @@
 
 import io
 
+import pytest
 import torch
 
 from zckpt_nb.saving import snapshot
+
+pytestmark = pytest.mark.fast  # make test-fast
 
 
 def saved(obj) -> bytes:

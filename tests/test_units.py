@@ -15,6 +15,8 @@ from zckpt_nb.model import PRESETS, accumulation_steps, ds_config, get_preset, l
 from zckpt_nb.run.launch import Progress, check_train_args, label, launch
 from zckpt_nb.run.options import TrainOptions
 
+pytestmark = pytest.mark.fast  # make test-fast
+
 
 def test_presets_count_parameters_without_building_weights():
     sizes = {name: param_count(name) for name in PRESETS}

@@ -12,6 +12,8 @@ from zckpt_nb.format.disk import PAGE
 from zckpt_nb.saving import faults
 from zckpt_nb.saving.writers import BLOCK, DirectFile, open_direct, without_crc32
 
+pytestmark = pytest.mark.fast  # make test-fast
+
 SIZES = [0, 1, PAGE - 1, PAGE, BLOCK, BLOCK + 1, 2 * BLOCK + PAGE + 3]
 
 

@@ -1,0 +1,26 @@
+"""zckpt_nb: checkpointing under DeepSpeed ZeRO Stage 3, taught and measured.
+
+For a training loop of your own (every rank calls each of these):
+
+    zckpt_nb.save(engine, output_dir, mode="commit", tokenizer=None, client_state=None, keep_last=0)
+    zckpt_nb.wait(engine)                  # an asynchronous save's commit, before training ends
+    client_state = zckpt_nb.resume(engine, output_dir)
+
+`zckpt_nb.Checkpointer` is the object behind them (`saving.api`); `SAVE_MODES` lists the modes. They are imported on
+first use, so `import zckpt_nb` loads neither torch nor DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+API = ("save", "wait", "resume", "Checkpointer", "SAVE_MODES")
+__all__ = list(API)
+
+
+def __getattr__(name: str) -> Any:
+    if name in API:
+        from zckpt_nb.saving import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'zckpt_nb' has no attribute {name!r}")

@@ -84,6 +84,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_adopt(args: argparse.Namespace) -> int:
+    from zckpt_nb.convert.adopt import adopt, describe_adoption
+    from zckpt_nb.convert.verify import describe_manifest
+
+    try:
+        manifest = adopt(args.ckpt_dir, args.tag)
+    except CheckpointError as e:
+        print(f"zckpt_nb adopt: {e}", file=sys.stderr)
+        return 1
+    print(describe_adoption(manifest))
+    print(describe_manifest(manifest))
+    return 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.collect import collect
     from zckpt_nb.convert.verify import describe_manifest
@@ -181,8 +195,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.export import export
 
     out = export(args.ckpt_dir, args.out_dir, tag=args.tag, max_shard_size=args.max_shard_size,
-                 overwrite=args.overwrite)
+                 overwrite=args.overwrite, config=args.config)
     files = sorted(p for p in out.iterdir() if p.is_file())
+    if not (out / "tokenizer.json").is_file():
+        print(f"{args.ckpt_dir} has no tokenizer beside its tags, so the export has none: pass token ids to "
+              "generate (--token_ids), or add the tokenizer the model was trained with")
     print(f"exported {args.ckpt_dir} to {out}: {len(files)} files, {sum(p.stat().st_size for p in files):,} bytes "
           f"({', '.join(p.name for p in files)})")
     return 0
@@ -191,7 +208,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.export import generate
 
-    print(generate(args.model_dir, args.prompt, args.max_new_tokens))
+    if (args.prompt is None) == (args.token_ids is None):
+        raise UsageError("pass either --prompt TEXT or --token_ids ID [ID ...]")
+    print(generate(args.model_dir, args.prompt, args.max_new_tokens, token_ids=args.token_ids))
     return 0
 
 
@@ -228,6 +247,12 @@ def add_checkpoint_commands(sub: Any) -> None:
     rsh.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
     rsh.add_argument("--timeout", type=float, default=1800, help="stop the conversion after this many seconds")
     rsh.set_defaults(func=cmd_reshard)
+
+    adp = sub.add_parser("adopt", help="check a DeepSpeed ZeRO-3 checkpoint zckpt_nb did not write (a raw engine's, "
+                                       "Trainer's checkpoint-N) and commit it, so verify, export and reshard read it")
+    adp.add_argument("ckpt_dir", help="the folder holding 'latest' and the tag folders, or a tag folder itself")
+    adp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
+    adp.set_defaults(func=cmd_adopt)
 
     col = sub.add_parser("collect", help="assemble the node-local parts of a checkpoint into one folder")
     col.add_argument("parts", nargs="+", metavar="DIR", help="each node's --output_dir")
@@ -273,11 +298,15 @@ def add_export_commands(sub: Any) -> None:
     exp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     exp.add_argument("--max_shard_size", default="5GB", help="split the weights into shards of at most this size")
     exp.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    exp.add_argument("--config", default=None, metavar="PATH",
+                     help="the model's config.json (or its folder), when none lies beside the checkpoint")
     exp.set_defaults(func=cmd_export)
 
     gen = sub.add_parser("generate", help="greedy text from an exported model, without DeepSpeed")
     gen.add_argument("model_dir")
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--prompt", default=None, help="text to continue (the folder's tokenizer encodes it)")
+    gen.add_argument("--token_ids", type=int, nargs="+", default=None,
+                     help="the prompt as token ids, for a model exported without a tokenizer; prints ids")
     gen.add_argument("--max_new_tokens", type=int, default=40)
     gen.set_defaults(func=cmd_generate)
 

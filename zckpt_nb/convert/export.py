@@ -25,9 +25,10 @@ from typing import Any
 from zckpt_nb.convert.model_card import run_facts, write_card
 from zckpt_nb.convert.safeload import check_files, load
 from zckpt_nb.convert.streaming import write_weights
+from zckpt_nb.convert.verify import newest_committed
 from zckpt_nb.convert.zero_to_fp32 import shard_files, zero_to_fp32_script
 from zckpt_nb.data import corpus_text
-from zckpt_nb.errors import CheckpointError, UsageError
+from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable
 from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name, tag_dirs
 from zckpt_nb.measure import meters
@@ -57,7 +58,7 @@ PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer_class that t
 LOADING_KEYS = ("is_local", "local_files_only")  # how transformers 5 loaded the checkpoint's tokenizer, not settings
 
 
-def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
+def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None = None) -> str:
     """Raise UsageError unless `ckpt_dir` holds a committed, intact ZeRO-3 checkpoint `tag`; return the tag.
 
     Nothing is unpickled before every size and SHA-256 matches the manifest, and then only weights-only.
@@ -72,18 +73,18 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None) -> str:
     if not (ckpt_dir / tag).is_dir():
         raise UsageError(f"tag {tag} does not exist in {ckpt_dir}; tags found: {', '.join(tags) or 'none'}")
     if not (ckpt_dir / tag / MANIFEST).is_file():  # no sizes or hashes: nothing vouches for its files
-        raise UsageError(f"{ckpt_dir / tag} has no {MANIFEST}: the save never committed, so its files are "
-                         f"unverified; export a committed --tag ({', '.join(committed_tags(ckpt_dir)) or 'none'})")
+        raise UsageError(f"{ckpt_dir / tag} has no {MANIFEST}, so nothing vouches for its files: export a committed "
+                         f"--tag ({', '.join(committed_tags(ckpt_dir)) or 'none here'}), or, for a checkpoint "
+                         f"DeepSpeed wrote without zckpt_nb, first run: python -m zckpt_nb adopt {ckpt_dir} "
+                         f"--tag {tag}")
     check_manifest(ckpt_dir, tag)
-    if not (ckpt_dir / "tokenizer.json").is_file():
-        raise UsageError(f"{ckpt_dir} has no tokenizer.json; the export needs the tokenizer saved with the checkpoint")
-    model_config(ckpt_dir)  # raises UsageError when there is nothing to rebuild the model from
+    model_config(ckpt_dir, config)  # raises UsageError when there is nothing to rebuild the model from
     return tag
 
 
 def newest_committed_or_none(ckpt_dir: Path) -> str | None:
     """The newest tag the commit protocol committed (saying what was skipped), or None without any."""
-    return newest_committed_or_none(ckpt_dir, "exporting") if committed_tags(ckpt_dir) else None
+    return newest_committed(ckpt_dir, "exporting") if committed_tags(ckpt_dir) else None
 
 
 def check_manifest(ckpt_dir: Path, tag: str) -> None:
@@ -127,16 +128,21 @@ def check_shard_size(max_shard_size: str | int) -> int:
     return size
 
 
-def model_config(ckpt_dir: Path) -> Any:
-    """The model's `transformers` config: `config.json` beside the checkpoint, else the preset in `run.json`."""
+def model_config(ckpt_dir: Path, config: str | Path | None = None) -> Any:
+    """The model's `transformers` config: `config` (a config.json or its folder), else `config.json` beside the
+    checkpoint, else the preset in `run.json`."""
     from transformers import AutoConfig
 
-    if (ckpt_dir / "config.json").is_file():
-        return AutoConfig.from_pretrained(str(ckpt_dir))
-    if (ckpt_dir / "run.json").is_file():
+    source = Path(config) if config else ckpt_dir
+    if (source / "config.json").is_file() or source.is_file():
+        try:
+            return AutoConfig.from_pretrained(str(source))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"cannot read the model's config from {source}: {first_line(e)}") from None
+    if config is None and (ckpt_dir / "run.json").is_file():
         return gpt2_config(json.loads((ckpt_dir / "run.json").read_text())["model"])
-    raise UsageError(f"{ckpt_dir} has no config.json (nor run.json) to rebuild the model from; "
-                     "save the checkpoint with zckpt_nb, or put the model's config.json beside 'latest'")
+    raise UsageError(f"{source} has no config.json to rebuild the model from; pass --config PATH (the model's "
+                     "config.json, or its folder) or put the model's config.json beside 'latest'")
 
 
 def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
@@ -166,11 +172,14 @@ def share_permissions(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str) -> None:
-    """Write the weights (streamed from the rank files, tied weights once), tokenizer and model card."""
-    config = model_config(ckpt_dir)
+def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str,
+                 config_source: str | Path | None = None) -> None:
+    """Write the weights (streamed from the rank files, tied weights once), the tokenizer if the checkpoint has one,
+    and the model card."""
+    config = model_config(ckpt_dir, config_source)
     tensors = write_weights(ckpt_dir, tag, config, dest, max_shard_size)
-    tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings)  # GPT-2's n_positions
+    tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
+        if (ckpt_dir / "tokenizer.json").is_file() else None
     world_size = tag_world_size(ckpt_dir, tag)
     write_card(dest, run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size), name)
     share_permissions(dest)
@@ -188,21 +197,21 @@ def replace_dir(new: Path, target: Path) -> None:
 
 
 def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",
-           overwrite: bool = False) -> Path:
+           overwrite: bool = False, config: str | Path | None = None) -> Path:
     """Export checkpoint `tag` (default: `latest`) of `ckpt_dir` as a Hugging Face folder `out_dir`.
 
     Every check runs before anything is written; the folder is built beside `out_dir` and renamed into place at
     the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
     """
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
-    tag = check_checkpoint(ckpt_dir, tag)
+    tag = check_checkpoint(ckpt_dir, tag, config)
     check_out_dir(out_dir, ckpt_dir, overwrite)
     shard_bytes = check_shard_size(max_shard_size)
     created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name)
+        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name, config)
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -240,22 +249,45 @@ def check_model_dir(model_dir: Path) -> None:
                          "create one with: python -m zckpt_nb export CKPT_DIR OUT_DIR")
 
 
-def generate(model_dir: str | Path, prompt: str, max_new_tokens: int = 40) -> str:
-    """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation.
+def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: int = 40,
+             token_ids: list[int] | None = None) -> str:
+    """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation; or,
+    given `token_ids` (a folder without a tokenizer), the ids of prompt plus continuation.
 
     No word-piece trigram may repeat (transformers' `no_repeat_ngram_size`): greedy decoding of a model this small
     otherwise settles into one token repeated ("will will will").
     """
     from transformers import AutoConfig, AutoTokenizer, pipeline
 
-    check_model_dir(Path(model_dir))
+    model_dir = Path(model_dir)
+    check_model_dir(model_dir)
     if max_new_tokens < 1:
         raise UsageError(f"--max_new_tokens must be at least 1 (got {max_new_tokens})")
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))  # checked before any weight is loaded
     context = AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings  # GPT-2's n_positions
+    if token_ids is not None:
+        check_fits(len(token_ids), max_new_tokens, context)
+        return " ".join(map(str, generate_ids(model_dir, token_ids, max_new_tokens)))
+    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
+        raise UsageError(f"{model_dir} has no tokenizer, so a text prompt cannot be encoded; pass --token_ids "
+                         "(the prompt as token ids), or add the tokenizer the model was trained with")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))  # checked before any weight is loaded
     check_fits(len(tokenizer(prompt, verbose=False)["input_ids"]), max_new_tokens, context)
     pipe = pipeline("text-generation", model=str(model_dir), tokenizer=tokenizer)
     return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False, no_repeat_ngram_size=3)[0]["generated_text"]
+
+
+def generate_ids(model_dir: Path, token_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy continuation of `token_ids` by the exported model, as token ids (no tokenizer needed)."""
+    import torch
+
+    model = load_model(model_dir)
+    vocab = model.config.vocab_size
+    if not token_ids or min(token_ids) < 0 or max(token_ids) >= vocab:
+        raise UsageError(f"--token_ids must be ids from 0 to {vocab - 1} (the model's vocabulary), at least one")
+    with torch.no_grad():
+        out = model.generate(torch.tensor([token_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             no_repeat_ngram_size=3, pad_token_id=model.config.eos_token_id or 0)
+    return out[0].tolist()
 
 
 def check_fits(prompt_tokens: int, max_new_tokens: int, context: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import verify_tag, verify_universal
-from zckpt_nb.format.layout import RANK_FILE, latest_name
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, latest_name
 from zckpt_nb.format.sizes import exact_ratio
 
 
@@ -41,6 +41,7 @@ class CheckpointInfo:
     num_params: int  # P, without padding
     num_tensors: int
     ranks: list[RankShard]
+    status: str = "committed by zckpt_nb"  # or adopted, or not committed (no manifest: its files unverified)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,8 +73,8 @@ def tensor_bytes(obj: Any) -> int:
 def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
     """Sizes and element counts of one rank's files."""
     loaded = {kind: load(path, mmap=True) for kind, path in paths.items()}
-    optim = loaded["optim"]["optimizer_state_dict"]
-    moments = optim["optimizer_state_dict"]["state"].values()
+    optim = loaded["optim"]["optimizer_state_dict"] if "optim" in loaded else {"fp32_flat_groups": []}
+    moments = optim.get("optimizer_state_dict", {}).get("state", {}).values()  # none when the file is missing
     return RankShard(
         rank=rank,
         files={p.name: p.stat().st_size for p in paths.values()},
@@ -84,26 +85,34 @@ def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
 
 
 def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> CheckpointInfo:
-    """Read every rank's shard of committed checkpoint `tag` (default: what `latest` names) in `ckpt_dir`.
+    """Read every rank's shard of checkpoint `tag` (default: what `latest` names) in `ckpt_dir`, read-only.
 
-    The files are checked against the manifest (CheckpointError otherwise), then unpickled weights-only.
+    Any DeepSpeed ZeRO-3 checkpoint: a committed (or adopted) one is first checked against its manifest
+    (CheckpointError otherwise); one without a manifest is read as it is and said to be unverified. Every file is
+    unpickled weights-only either way.
     """
     ckpt_dir = Path(ckpt_dir)
     tag = tag or latest_name(ckpt_dir)
     if tag is None or not (ckpt_dir / tag).is_dir():
         raise FileNotFoundError(f"no checkpoint {tag or '(latest)'} in {ckpt_dir}")
-    verify_tag(ckpt_dir, tag)
+    status = "not committed: no manifest, so its files are unverified (python -m zckpt_nb adopt commits it)"
+    if (ckpt_dir / tag / MANIFEST).is_file():
+        adopted = verify_tag(ckpt_dir, tag).get("adopted")
+        status = f"adopted (written by DeepSpeed {adopted['deepspeed_version']})" if adopted else \
+            "committed by zckpt_nb"
     files = shard_paths(ckpt_dir / tag)
+    if 0 not in files or "model" not in files[0]:
+        raise FileNotFoundError(f"{ckpt_dir / tag} holds no model states of rank 0: not a ZeRO checkpoint")
     shapes = load(files[0]["model"], mmap=True)["param_shapes"]
     numels = [s.numel() for group in shapes for s in group.values()]
     return CheckpointInfo(str(ckpt_dir), tag, len(files), sum(numels), len(numels),
-                          [read_shard(r, p) for r, p in sorted(files.items())])
+                          [read_shard(r, p) for r, p in sorted(files.items())], status)
 
 
 def format_inspection(info: CheckpointInfo) -> str:
     """A human-readable table: per rank, every file with its size and the partition it holds."""
     n = info.world_size
-    lines = [f"checkpoint {info.ckpt_dir} tag {info.tag}: P = {info.num_params:,} parameters "
+    lines = [f"checkpoint {info.ckpt_dir} tag {info.tag} ({info.status}): P = {info.num_params:,} parameters "
              f"in {info.num_tensors} tensors, N = {n} ranks, P/N = {exact_ratio(info.num_params, n)}"]
     for shard in info.ranks:
         lines.append(f"rank {shard.rank}: {shard.partition_numel:,} parameter elements "

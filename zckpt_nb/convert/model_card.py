@@ -24,29 +24,55 @@ def license_id() -> str:
     return str(metadata("zckpt_nb").get("License-Expression") or "other").lower()
 
 
-def loss_at(run: dict[str, Any], step: int) -> float | None:
-    """The training loss of the step that ended at `step` (the one saved as its tag), if `run.json` recorded it."""
-    losses = dict(zip(run.get("steps", []), run.get("losses", [])))
-    return losses.get(step - 1)  # run.json counts steps from 0; the tag counts the steps done
+def loss_at(ckpt_dir: Path, step: int) -> tuple[float | None, str]:
+    """The training loss of the step that ended at `step` (the one saved as its tag), and where it was read: this
+    package's `run.json`, or the `trainer_state.json` Hugging Face `Trainer` writes beside its checkpoint."""
+    run_path, trainer_path = ckpt_dir / "run.json", ckpt_dir / "trainer_state.json"
+    if run_path.is_file():
+        run = json.loads(run_path.read_text())
+        losses = dict(zip(run.get("steps", []), run.get("losses", [])))
+        return losses.get(step - 1), "run.json"  # run.json counts steps from 0; the tag counts the steps done
+    if trainer_path.is_file():
+        logged = [e for e in json.loads(trainer_path.read_text()).get("log_history", []) if "loss" in e]
+        at = [e["loss"] for e in logged if e.get("step") == step]
+        return (at[-1] if at else None), "trainer_state.json"
+    return None, "no training log beside the checkpoint"
+
+
+def tied_head(config: Any, tensors: dict[str, Any]) -> bool:
+    """Is the output head the embedding (written once), as the config says and the weights written show?"""
+    return bool(getattr(config, "tie_word_embeddings", False)) and not any(
+        name.endswith("lm_head.weight") for name in tensors)
+
+
+def tokenizer_facts(tokenizer: Any, config: Any) -> dict[str, Any]:
+    """The tokenizer's entries against the model's vocabulary (nothing when the checkpoint has no tokenizer)."""
+    if tokenizer is None:
+        return {"tokenizer_entries": None, "unused_ids_decode_to": None}
+    return {"tokenizer_entries": len(tokenizer),
+            "unused_ids_decode_to": tokenizer.decode(list(range(len(tokenizer), config.vocab_size)))}
 
 
 def run_facts(ckpt_dir: Path, tag: str, config: Any, tensors: dict[str, Any], tokenizer: Any,
               world_size: int) -> dict[str, Any]:
-    """What the card states, each looked up in the checkpoint, its manifest, `run.json` or the exported objects."""
+    """What the card states, each looked up in the checkpoint, its manifest, the training log or the exported
+    objects."""
     import transformers
 
     manifest_path = ckpt_dir / tag / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     run = json.loads((ckpt_dir / "run.json").read_text()) if (ckpt_dir / "run.json").is_file() else {}
     step = manifest.get("step", tag_step(tag))
+    loss, loss_source = loss_at(ckpt_dir, step)
+    adopted = manifest.get("adopted")
     return {
-        "preset": manifest.get("identity", {}).get("model", run.get("model")),
-        "parameters": sum(t.shape.numel() for t in tensors.values()),  # as written: the tied head once
-        "steps": step, "loss": loss_at(run, step), "world_size": world_size, "tag": tag,
+        "preset": None if adopted else manifest.get("identity", {}).get("model", run.get("model")),
+        "model_type": config.model_type, "tied": tied_head(config, tensors), "adopted": adopted,
+        "parameters": sum(t.shape.numel() for t in tensors.values()),  # as written: a tied head once
+        "steps": step, "loss": loss, "loss_source": loss_source, "world_size": world_size, "tag": tag,
         "manifest_sha256": sha256_file(manifest_path) if manifest else None,
-        "vocab_size": config.vocab_size, "tokenizer_entries": len(tokenizer),
-        "unused_ids_decode_to": tokenizer.decode(list(range(len(tokenizer), config.vocab_size))),
-        "context": config.max_position_embeddings, "seed": run.get("seed"),
+        "vocab_size": config.vocab_size, **tokenizer_facts(tokenizer, config),
+        "context": config.max_position_embeddings, "seed": None if adopted else run.get("seed"),
         "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch."),
         "transformers": transformers.__version__,
     }
@@ -55,52 +81,45 @@ def run_facts(ckpt_dir: Path, tag: str, config: Any, tensors: dict[str, Any], to
 def vocabulary_note(facts: dict[str, Any]) -> str:
     """One sentence on the model's vocabulary against the tokenizer's entries."""
     vocab, entries, decoded = facts["vocab_size"], facts["tokenizer_entries"], facts["unused_ids_decode_to"]
+    if entries is None:
+        return (f"No tokenizer was saved with the checkpoint, so this folder has none: the model reads token ids 0 to "
+                f"{vocab - 1}. Add the tokenizer it was trained with to use it on text.")
     if entries == vocab:
         return f"The tokenizer has {entries} entries, one per row of the model's vocabulary."
-    return (f"The tokenizer has {entries} entries; the model's vocabulary has {vocab} rows (the preset's size, "
-            f"fixed before the tokenizer is trained on the corpus). No token maps to ids {entries} to {vocab - 1}: "
-            f"they were never a training target, and decoding them gives "
+    return (f"The tokenizer has {entries} entries; the model's vocabulary has {vocab} rows. No token maps to ids "
+            f"{entries} to {vocab - 1}: they were never a training target, and decoding them gives "
             f"{'no text' if decoded == '' else repr(decoded)}.")
 
 
-def card_text(facts: dict[str, Any], model_dir_name: str) -> str:
-    """The card: Hub front matter, the run's facts, how to load it."""
-    unknown = "not recorded"
-    loss = f"{facts['loss']:.4f}" if facts["loss"] is not None else f"{unknown} in run.json"
-    sha = f"`{facts['manifest_sha256']}`" if facts["manifest_sha256"] else "none (saved without the commit protocol)"
-    return f"""---
-library_name: transformers
-pipeline_tag: text-generation
-license: {license_id()}
-tags:
-- gpt2
-- deepspeed-zero3
----
+def origin(facts: dict[str, Any]) -> str:
+    """Who trained the model and on what, as far as the checkpoint tells."""
+    kind = facts["model_type"]
+    if facts["adopted"]:
+        return (f"A `{kind}` model trained with DeepSpeed ZeRO-3 (DeepSpeed {facts['adopted']['deepspeed_version']}, "
+                "outside zckpt_nb), adopted and exported from its partitioned checkpoint with `python -m zckpt_nb "
+                "adopt` and `export`. What it was trained on is not recorded in the checkpoint.")
+    if facts["preset"]:
+        return (f"A `{kind}` model trained with DeepSpeed ZeRO-3 by `zckpt_nb` (preset `{facts['preset']}`) and "
+                "exported from its partitioned checkpoint with `python -m zckpt_nb export`. It learnt one small "
+                "English corpus (`zckpt_nb/data/corpus.txt`) and writes text in its style only: a teaching model, "
+                "not a general one.")
+    return (f"A `{kind}` model exported from a partitioned DeepSpeed ZeRO-3 checkpoint with `python -m zckpt_nb "
+            "export`. What it was trained on is not recorded in the checkpoint.")
 
-# {model_dir_name}
 
-A GPT-2-style model trained with DeepSpeed ZeRO-3 by `zckpt_nb` and exported from its partitioned checkpoint
-with `python -m zckpt_nb export`. It learnt one small English corpus (`zckpt_nb/data/corpus.txt`) and writes text
-in its style only: a teaching model, not a general one.
+def usage(facts: dict[str, Any], model_dir_name: str) -> str:
+    """How to load it: with its tokenizer, or with token ids when it has none."""
+    if facts["tokenizer_entries"] is None:
+        return f"""```python
+import torch
+from transformers import AutoModelForCausalLM
 
-| fact | value |
-|---|---|
-| preset | {facts['preset'] or unknown} |
-| parameters | {facts['parameters']:,} (the head is tied to the embedding) |
-| training steps | {facts['steps']} |
-| loss at the last step | {loss} |
-| world size (ranks that trained and saved it) | {facts['world_size']} |
-| source checkpoint tag | {facts['tag']} |
-| SHA-256 of the tag's `zckpt_manifest.json` | {sha} |
-| weights | {facts['dtype']}, safetensors |
-| context | {facts['context']} tokens |
-| seed | {facts['seed'] if facts['seed'] is not None else unknown} |
+model = AutoModelForCausalLM.from_pretrained("{model_dir_name}")
+print(model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=10, do_sample=False))
+```
 
-{vocabulary_note(facts)}
-
-## Use
-
-```python
+From a shell: `python -m zckpt_nb generate {model_dir_name} --token_ids 1 2 3`."""
+    return f"""```python
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 model = AutoModelForCausalLM.from_pretrained("{model_dir_name}")
@@ -109,9 +128,53 @@ generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
 print(generator("The keeper", max_new_tokens=30, do_sample=False, no_repeat_ngram_size=3))
 ```
 
-Prompt plus new tokens must fit in {facts['context']} tokens. Written by transformers {facts['transformers']}; the
-tokenizer is named `PreTrainedTokenizerFast`, which transformers 4 loads too. No DeepSpeed is needed.
-From a shell: `python -m zckpt_nb generate {model_dir_name} --prompt "The keeper"`.
+The tokenizer is named `PreTrainedTokenizerFast`, which transformers 4 loads too.
+From a shell: `python -m zckpt_nb generate {model_dir_name} --prompt "The keeper"`."""
+
+
+def fact_rows(facts: dict[str, Any]) -> str:
+    """The card's table: one row per fact the checkpoint records."""
+    unknown = "not recorded"
+    loss = f"{facts['loss']:.4f} ({facts['loss_source']})" if facts["loss"] is not None else \
+        f"{unknown} ({facts['loss_source']})"
+    sha = f"`{facts['manifest_sha256']}`" if facts["manifest_sha256"] else "none (saved without the commit protocol)"
+    head = "the head is tied to the embedding" if facts["tied"] else "the output head has weights of its own"
+    rows = [("architecture", f"`{facts['model_type']}`"), ("preset", facts["preset"]),
+            ("parameters", f"{facts['parameters']:,} ({head})"), ("training steps", facts["steps"]),
+            ("loss at the last step", loss), ("world size (ranks that trained and saved it)", facts["world_size"]),
+            ("source checkpoint tag", facts["tag"]), ("SHA-256 of the tag's `zckpt_manifest.json`", sha),
+            ("weights", f"{facts['dtype']}, safetensors"), ("context", f"{facts['context']} tokens"),
+            ("seed", facts["seed"])]
+    return "\n".join(f"| {name} | {value} |" for name, value in rows if value is not None)
+
+
+def card_text(facts: dict[str, Any], model_dir_name: str) -> str:
+    """The card: Hub front matter, the checkpoint's facts, how to load it."""
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+license: {license_id()}
+tags:
+- {facts['model_type']}
+- deepspeed-zero3
+---
+
+# {model_dir_name}
+
+{origin(facts)}
+
+| fact | value |
+|---|---|
+{fact_rows(facts)}
+
+{vocabulary_note(facts)}
+
+## Use
+
+{usage(facts, model_dir_name)}
+
+Prompt plus new tokens must fit in {facts['context']} tokens. Written by transformers {facts['transformers']}. No
+DeepSpeed is needed.
 """
 
 

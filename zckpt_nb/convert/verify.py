@@ -1,12 +1,8 @@
-"""Is this checkpoint complete and intact? The manifest, and the checks resume, export and `verify` run.
+"""Is this checkpoint complete and intact? The checks that resume, export and `verify` run against its manifest.
 
-A checkpoint tag counts as *committed* only once its manifest (`zckpt_manifest.json`, written last by
-the commit protocol in `zckpt_nb.saving.commit`) is in the tag folder. The manifest names every rank's files
-with their sizes and SHA-256, the world size, the step and the model it came from, and (`shared`) the files
-beside the tags that every checkpoint depends on: the tokenizer and `config.json`. With node-local storage
-(`zckpt_nb.saving.nodes`) each node's folder holds its own ranks' files and a manifest listing the whole checkpoint:
-`node` names the folder's node, each file its holder's; files of other nodes are not checked here. DeepSpeed keeps
-no such record (its `latest` only names a folder), so this is written by hand; it needs no torch.
+The manifest itself (what it holds, how it is written) is `format.manifest`; this module only checks: every file
+present with its size and SHA-256, every rank's files listed, paths that stay inside the folder, a world size and a
+model that fit the run. It needs no torch.
 """
 
 from __future__ import annotations
@@ -98,6 +94,11 @@ def check_fit(manifest: dict[str, Any], tag_dir: Path, world_size: int | None,
         raise CheckpointError(
             f"{tag_dir} was saved by {manifest['world_size']} ranks; this run has {world_size}. Resume with "
             f"--nproc {manifest['world_size']}, or convert it (DeepSpeed's ds_to_universal) to change the world size")
+    if identity is not None and manifest.get("adopted"):
+        kind = (manifest.get("identity") or {}).get("model_type", "a model")
+        raise CheckpointError(f"{tag_dir} holds {kind} trained outside zckpt_nb (adopted); `train` builds only the "
+                              "package's presets (--model tiny, small, ...): resume it in your own training loop "
+                              "with zckpt_nb.resume(engine, output_dir) (README: Your own training loop)")
     if identity is not None and manifest.get("identity") != identity:
         saved = manifest.get("identity") if isinstance(manifest.get("identity"), dict) else {}
         differ = "; ".join(f"{k} {saved.get(k)!r} (this run: {identity.get(k)!r})"

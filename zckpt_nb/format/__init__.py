@@ -1,0 +1,1 @@
+"""The checkpoint format, at the bottom: folder layout, manifest, client state, durable files, file sizes."""

@@ -1,4 +1,7 @@
-"""None
+"""The package's entry in DeepSpeed's client state: data position, batch, LR horizon and every RNG state.
+
+`engine.save_checkpoint(client_state=...)` stores any dict in every rank's model-states file and
+`engine.load_checkpoint` hands it back; this package keeps its own under `CLIENT_KEY`, so a user's keys sit beside it.
 """
 
 from __future__ import annotations

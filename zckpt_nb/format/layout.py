@@ -1,4 +1,10 @@
-"""None
+"""The checkpoint folder's layout: tag names, rank files, `latest`, the files beside the tags, the universal copy.
+
+A checkpoint folder is a plain DeepSpeed one (`DIR/latest`,
+`DIR/global_step{N}/zero_pp_rank_{r}_mp_rank_00_{model,optim}_states.pt`, DeepSpeed's `zero_to_fp32.py`), plus what
+this package adds: `zckpt_manifest.json` in each committed tag folder, the tokenizer and `config.json` beside the
+tags, and `DIR/universal/<tag>/` for a copy that loads on any number of ranks. Every other module names these files
+through this one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""None
+"""The manifest (`zckpt_manifest.json`): what makes a tag folder a committed checkpoint, and its text.
+
+A checkpoint tag counts as *committed* only once its manifest is in the tag folder, written last by the commit
+protocol (`saving.commit`). It names every rank's files with their sizes and SHA-256, the world size, the step and
+the model it came from, and (`shared`) the files beside the tags that every checkpoint depends on: the tokenizer and
+`config.json`. With node-local storage (`saving.nodes`) each node's folder holds its own ranks' files and a manifest
+listing the whole checkpoint: `node` names the folder's node, each file its holder's. DeepSpeed keeps no such
+record (its `latest` only names a folder), so this is written by hand; it needs no torch. The checks live in
+`convert.verify`.
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ def read_manifest(tag_dir: Path) -> dict[str, Any]:
     """The manifest of one tag folder; CheckpointError when it is absent or unreadable."""
     path = tag_dir / MANIFEST
     if not path.is_file():
-        raise CheckpointError(f"{tag_dir} has no {MANIFEST}: the save never committed (incomplete checkpoint)")
+        raise CheckpointError(f"{tag_dir} has no {MANIFEST}, so it was never committed by zckpt_nb (DeepSpeed's own "
+                              "save writes none; a save of this package interrupted before its commit has none "
+                              f"either); if it is complete, `python -m zckpt_nb adopt {tag_dir.parent} --tag "
+                              f"{tag_dir.name}` checks every file and commits it")
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -52,12 +63,15 @@ def shared_records(ckpt_dir: Path) -> list[dict[str, Any]]:
 
 
 def checkpoint_manifest(ckpt_dir: Path, tag: str, step: int, world: int, identity: dict[str, Any],
-                  reports: list[dict[str, Any]], node: int | None = None) -> str:
+                        reports: list[dict[str, Any]], node: int | None = None,
+                        adopted: dict[str, Any] | None = None) -> str:
     """The manifest: format, tag, step, world size, model identity, every rank's files and the shared files.
 
-    With node-local storage it also names `node`, the node whose folder it describes.
+    With node-local storage it also names `node`, the node whose folder it describes; a checkpoint this package did
+    not write but checked and committed afterwards (`convert.adopt`) carries what its files record under `adopted`.
     """
     files = sorted((f for r in reports for f in r["files"]), key=lambda f: (f["rank"], f["path"]))
     where = {} if node is None else {"node": node}
+    origin = {} if adopted is None else {"adopted": adopted}
     return json.dumps({"format": FORMAT, "tag": tag, "step": step, "world_size": world, "identity": identity,
-                       **where, "files": files, "shared": shared_records(ckpt_dir)}, indent=1)
+                       **where, **origin, "files": files, "shared": shared_records(ckpt_dir)}, indent=1)

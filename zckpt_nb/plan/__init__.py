@@ -1,0 +1,1 @@
+"""Planning: the cost model from a config alone, in bytes and seconds, and its calibration against measurements."""

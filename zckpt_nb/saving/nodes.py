@@ -1,4 +1,4 @@
-"""Several nodes: where a launch sits among them, and whether every rank sees the output folder it must see.
+"""Several nodes, inside the ranks: does every rank see the output folder its storage layout needs?
 
 A job on several nodes is one `torchrun` launch per node (`--nnodes`, `--node_rank`, `--master_addr`,
 `--master_port`). Its checkpoints live in one of two layouts:

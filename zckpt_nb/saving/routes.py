@@ -1,4 +1,6 @@
-"""Four routes from a partitioned ZeRO-3 model to one full model, and the checks that they agree.
+"""Routes 1 and 2 from a partitioned ZeRO-3 model to one full model, run in the ranks (every rank calls them).
+
+The four routes, and where each lives:
 
 1. In-training 16-bit gather: `engine.save_16bit_model` with `stage3_gather_16bit_weights_on_model_save`.
    Every rank calls it; DeepSpeed gathers one module at a time onto every rank (`GatheredParameters` with
@@ -7,9 +9,10 @@
 2. Per-parameter gather (DeepSpeed-Chat's `save_zero_three_model`): every rank walks `named_parameters()` inside
    `deepspeed.zero.GatheredParameters([p])`; rank 0 copies each tensor to CPU. The accelerator never holds more
    than one full parameter; rank 0's CPU still ends up holding all of P.
-3. Offline conversion: DeepSpeed's `zero_to_fp32` functions read every rank's shard files in one process, with no
-   process group and no GPU.
-4. Hugging Face export: see `zckpt_nb.convert.export`.
+3. Offline conversion (`convert.zero_to_fp32`): DeepSpeed's `zero_to_fp32` functions read every rank's shard files
+   in one process, with no process group and no GPU.
+4. Hugging Face export (`convert.export`).
+The checks that all four agree: `lessons.consolidation`.
 
 Routes 1 and 2 are collective (every rank must call them). Routes 3 and 4 run after training, anywhere.
 """

@@ -1,0 +1,132 @@
+"""Checkpoints this package did not write: a raw DeepSpeed loop's tiny Llama (GQA, untied head), fp32 and bf16,
+through adopt, inspect, verify, export, generate, reshard; and a user's loop through zckpt_nb.save / resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from zckpt_nb.errors import LaunchError
+from zckpt_nb.format.layout import MANIFEST
+from zckpt_nb.run.launch import launch_module
+
+LOOP = "zckpt_nb.examples.own_loop"
+TAG = "global_step4"
+
+
+def own_loop(out, *args, nproc=2) -> list[str]:
+    """The user's script on `nproc` CPU ranks under torchrun; its output lines."""
+    log, _ = launch_module(LOOP, [str(out), "--steps", "4", *args], nproc=nproc, timeout=300, name=f"own loop {out}",
+                           verbose=False, progress=False)
+    return log
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zckpt_nb", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def foreign(request, tmp_path_factory):
+    """A 2-rank checkpoint saved by DeepSpeed's engine.save_checkpoint alone, then copied aside untouched."""
+    out = tmp_path_factory.mktemp(f"llama_{request.param}") / "ckpt"
+    own_loop(out, "--dtype", request.param)
+    pristine = out.parent / "pristine"
+    shutil.copytree(out, pristine)
+    return request.param, out, pristine
+
+
+def test_an_unadopted_checkpoint_is_inspected_read_only_and_verify_points_to_adopt(foreign):
+    _, _, pristine = foreign
+    shown = cli("inspect", pristine)
+    assert shown.returncode == 0 and "not committed: no manifest" in shown.stdout and "N = 2 ranks" in shown.stdout
+    checked = cli("verify", pristine)
+    assert checked.returncode == 1 and f"python -m zckpt_nb adopt {pristine} --tag {TAG}" in checked.stderr
+    assert "incomplete checkpoint" not in checked.stderr
+    assert not (pristine / TAG / MANIFEST).exists()  # reading wrote nothing
+
+
+def test_adopt_commits_what_the_files_record(foreign):
+    import deepspeed
+
+    dtype, out, _ = foreign
+    done = cli("adopt", out)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((out / TAG / MANIFEST).read_text())
+    facts = manifest["adopted"]
+    assert (facts["world_size"], facts["dtype"], facts["step"]) == (2, dtype, 4)
+    assert facts["deepspeed_version"] == deepspeed.__version__ and manifest["identity"]["model_type"] == "llama"
+    assert {e["path"] for e in manifest["shared"]} == {"config.json"}  # no tokenizer was saved
+    assert cli("verify", out).returncode == 0 and "adopted (written by DeepSpeed" in cli("inspect", out).stdout
+    assert cli("adopt", out).returncode == 0  # a second time: already committed, only verified
+
+
+def test_adopt_refuses_an_incomplete_checkpoint_naming_what_is_missing(foreign, tmp_path):
+    _, _, pristine = foreign
+    partial = tmp_path / "partial"
+    shutil.copytree(pristine, partial)
+    optim = next((partial / TAG).glob("*zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+    optim.unlink()
+    done = cli("adopt", partial)
+    assert done.returncode == 1 and "rank 1's optim states missing" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (partial / TAG / MANIFEST).exists()
+
+
+def test_the_export_equals_deepspeeds_fp32_reconstruction_and_its_card_states_only_facts(foreign, tmp_path):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
+
+    _, out, _ = foreign
+    assert cli("adopt", out).returncode == 0
+    hf = tmp_path / "hf"
+    done = cli("export", out, hf)
+    assert done.returncode == 0, done.stderr
+    assert "has no tokenizer" in done.stdout and not (hf / "tokenizer.json").exists()
+    exported = load_file(hf / "model.safetensors")
+    reference = get_fp32_state_dict_from_zero_checkpoint(str(out), TAG)
+    assert set(exported) == set(reference) and "lm_head.weight" in exported  # untied: the head has its own weights
+    assert max(float((exported[k] - reference[k]).abs().max()) for k in exported) == 0.0
+    card = (hf / "README.md").read_text()
+    assert "`llama`" in card and "the output head has weights of its own" in card and "- llama" in card
+    assert "gpt2" not in card and "corpus" not in card and "preset" not in card
+    ids = cli("generate", hf, "--token_ids", 5, 6, 7, "--max_new_tokens", 4)
+    assert ids.returncode == 0 and len(ids.stdout.split()) == 7 and ids.stdout.split()[:3] == ["5", "6", "7"]
+    text = cli("generate", hf, "--prompt", "hello")
+    assert text.returncode == 2 and len(text.stderr.strip().splitlines()) == 1 and "--token_ids" in text.stderr
+
+
+def test_an_adopted_checkpoint_reshards_and_train_resume_says_what_to_do(foreign, tmp_path):
+    _, out, _ = foreign
+    assert cli("adopt", out).returncode == 0
+    done = cli("reshard", out)
+    assert done.returncode == 0 and "ok: universal copy of global_step4" in done.stdout, done.stderr
+    resumed = cli("train", "--nproc", 2, "--output_dir", out, "--resume", "--steps", 6, "--timeout", 300)
+    errors = [line for line in resumed.stderr.splitlines() if "error" in line]
+    assert resumed.returncode == 1 and "zckpt_nb.resume(engine, output_dir)" in resumed.stderr
+    assert len(resumed.stderr.strip().splitlines()) <= 12 and errors, resumed.stderr
+
+
+def test_a_users_loop_commits_and_resumes_with_no_tokenizer_and_no_scheduler(tmp_path):
+    out = tmp_path / "mine"
+    saved = own_loop(out, "--save", "zckpt")
+    assert sum("save global_step4: committed True; None" in line for line in saved) == 2  # both ranks
+    assert cli("verify", out).returncode == 0
+    resumed, _ = launch_module(LOOP, [str(out), "--steps", "6", "--save", "zckpt", "--resume"], nproc=2, timeout=300,
+                               name="resume own loop", verbose=False, progress=False)
+    assert sum("resumed at step 4" in line for line in resumed) == 2
+    assert sum("save global_step6: committed True" in line for line in resumed) == 2
+
+
+def test_an_exception_on_rank_0_while_preparing_ends_the_save_with_one_line_on_every_rank(tmp_path):
+    try:
+        log = own_loop(tmp_path / "broken", "--save", "zckpt", "--fail_preparing")
+    except LaunchError as e:  # a hang would be a LaunchTimeout; any failure of the job fails the test
+        pytest.fail(f"the job failed instead of agreeing: {str(e).splitlines()[0]}")
+    said = [line.split("] ", 1)[1].split(": ", 1)[1] for line in log if "save global_step4" in line]
+    assert len(said) == 2 and said[0] == said[1]  # the same line on both ranks
+    assert "committed False" in said[0] and "rank 0: RuntimeError preparing" in said[0]
+    assert "this tokenizer cannot be saved" in said[0]

@@ -1,0 +1,143 @@
+"""Adopt a DeepSpeed ZeRO-3 checkpoint this package did not write: check that it is whole, then commit it.
+
+A checkpoint written by DeepSpeed alone (a raw engine's `save_checkpoint`, Hugging Face `Trainer`'s
+`checkpoint-N/global_stepN`, accelerate) has no manifest, so `verify`, `export` and `reshard` cannot tell a complete
+one from a save that died half-way. `adopt` looks at the files themselves: every rank 0..N-1 has its model-states
+and optimizer-states file, every file unpickles weights-only (nothing beyond the allowlist of `convert.safeload`),
+every file agrees on the world size and the ZeRO stage is 3. Then each file is fsynced and hashed, and a manifest is
+written last, as the commit protocol writes one, recording under `adopted` what the files say of themselves
+(DeepSpeed's version, the world size, the dtype, the step). An incomplete checkpoint is refused naming what is
+missing, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.inspect import shard_paths
+from zckpt_nb.convert.safeload import load
+from zckpt_nb.convert.verify import verify_tag
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.disk import atomic_write, fsync_dir
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, latest_name
+from zckpt_nb.format.manifest import checkpoint_manifest, file_record, sha256_file
+
+ZERO_3 = 3  # DeepSpeed's ZeroStageEnum.weights
+
+
+def locate(path: str | Path, tag: str | None) -> tuple[Path, str]:
+    """(checkpoint folder, tag) from a folder holding `latest` and tags, or from a tag folder itself."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a folder")
+    if tag is None and any(RANK_FILE.search(p.name) for p in path.iterdir()):
+        return path.parent, path.name  # e.g. Trainer's checkpoint-N/global_stepN
+    tag = tag or latest_name(path)
+    if tag is None:
+        tags = sorted(d.name for d in path.iterdir() if d.is_dir() and any(RANK_FILE.search(p.name)
+                                                                             for p in d.iterdir()))
+        if len(tags) != 1:
+            raise CheckpointError(f"{path} has no 'latest' file; pass --tag (tag folders here: "
+                                  f"{', '.join(tags) or 'none'})")
+        tag = tags[0]
+    if not (path / tag).is_dir():
+        raise CheckpointError(f"no checkpoint folder {path / tag}")
+    return path, tag
+
+
+def missing_files(files: dict[int, dict[str, Path]], world: int) -> list[str]:
+    """What a whole checkpoint of `world` ranks would hold and this one does not (or holds beyond it)."""
+    gaps = [f"rank {r}'s {kind} states" for r in range(world) for kind in ("model", "optim")
+            if kind not in files.get(r, {})]
+    return gaps + [f"a file of rank {r}, beyond its {world} ranks" for r in sorted(files) if r >= world]
+
+
+def read_facts(tag_dir: Path, files: dict[int, dict[str, Path]]) -> dict[str, Any]:
+    """What rank 0's files record: world size, step, DeepSpeed's version, dtype, ZeRO stage, parameter count."""
+    if "model" not in files.get(0, {}):
+        raise CheckpointError(f"{tag_dir} is incomplete: rank 0's model states "
+                              "(zero_pp_rank_0_mp_rank_00_model_states.pt) are missing")
+    states = load(files[0]["model"], mmap=True)
+    config = states.get("ds_config") or {}
+    optim = files[0].get("optim")
+    dtype = "bf16" if (optim and optim.name.startswith("bf16_")) or config.get("bf16", {}).get("enabled") else \
+        "fp16" if config.get("fp16", {}).get("enabled") else "fp32"
+    shapes = [s for group in states.get("param_shapes", []) for s in group.values()]
+    return {"deepspeed_version": states.get("ds_version"), "world_size": int(states["dp_world_size"]),
+            "step": int(states.get("global_steps", 0)), "dtype": dtype,
+            "num_params": sum(s.numel() for s in shapes)}
+
+
+def check_rank_files(tag_dir: Path, files: dict[int, dict[str, Path]], world: int) -> None:
+    """Every file unpickled weights-only; every optimizer file a ZeRO-3 partition of `world` ranks."""
+    for _rank, kinds in sorted(files.items()):
+        for kind, path in sorted(kinds.items()):
+            state = load(path, mmap=True)  # CheckpointError naming the file: truncated, corrupt, outside the allowlist
+            recorded = state.get("dp_world_size") if kind == "model" else \
+                state.get("optimizer_state_dict", {}).get("partition_count")
+            if kind == "optim" and state.get("optimizer_state_dict", {}).get("zero_stage") != ZERO_3:
+                stage = int(state.get("optimizer_state_dict", {}).get("zero_stage", -1))
+                raise CheckpointError(f"{path} is a ZeRO stage {stage} file; this package reads ZeRO-3 checkpoints")
+            if recorded is not None and int(recorded) != world:
+                raise CheckpointError(f"{path} records {recorded} ranks, rank 0's model states {world}: the files "
+                                      "come from different saves")
+
+
+def adopt(path: str | Path, tag: str | None = None) -> dict[str, Any]:
+    """Check a ZeRO-3 checkpoint this package did not write and commit it; returns its verified manifest.
+
+    A tag that is already committed is only verified. Nothing is written unless every check passes.
+    """
+    ckpt_dir, tag = locate(path, tag)
+    tag_dir = ckpt_dir / tag
+    if (tag_dir / MANIFEST).is_file():
+        return verify_tag(ckpt_dir, tag)
+    files = shard_paths(tag_dir)
+    if not files:
+        raise CheckpointError(f"{tag_dir} holds no ZeRO rank file (zero_pp_rank_R_mp_rank_00_*_states.pt): it is "
+                              "not a DeepSpeed ZeRO checkpoint")
+    facts = read_facts(tag_dir, files)
+    gaps = missing_files(files, facts["world_size"])
+    if gaps:
+        raise CheckpointError(f"{tag_dir} is incomplete, so it was not adopted: {', '.join(gaps)} missing "
+                              f"(rank 0's model states record {facts['world_size']} ranks)")
+    check_rank_files(tag_dir, files, facts["world_size"])
+    commit_adopted(ckpt_dir, tag, files, facts)
+    return verify_tag(ckpt_dir, tag)
+
+
+def commit_adopted(ckpt_dir: Path, tag: str, files: dict[int, dict[str, Path]], facts: dict[str, Any]) -> None:
+    """Every file fsynced and hashed, then the manifest written last (temporary file, fsync, rename)."""
+    tag_dir, records = ckpt_dir / tag, []
+    for rank, kinds in sorted(files.items()):
+        for path in sorted(kinds.values()):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())  # DeepSpeed never fsyncs: durable before the manifest names it
+            records.append(file_record(path, tag_dir, rank, sha256_file(path)))
+    fsync_dir(tag_dir)
+    identity = {"num_params": facts["num_params"], **model_type(ckpt_dir)}
+    atomic_write(tag_dir / MANIFEST, checkpoint_manifest(ckpt_dir, tag, facts["step"], facts["world_size"], identity,
+                                                         [{"files": records}], adopted=facts))
+
+
+def model_type(ckpt_dir: Path) -> dict[str, Any]:
+    """The `model_type` of the config.json beside the tags, when there is one."""
+    path = ckpt_dir / "config.json"
+    try:
+        return {"model_type": json.loads(path.read_text())["model_type"]} if path.is_file() else {}
+    except (ValueError, KeyError, OSError):
+        return {}
+
+
+def describe_adoption(manifest: dict[str, Any]) -> str:
+    """One line on what the adopted checkpoint's files recorded."""
+    facts = manifest.get("adopted")
+    if not facts:
+        return f"{manifest['tag']} was already committed by zckpt_nb; nothing to adopt"
+    kind = manifest["identity"].get("model_type", "a model")
+    return (f"adopted {manifest['tag']}: {kind}, {facts['num_params']:,} parameters, {facts['dtype']}, step "
+            f"{facts['step']}, saved by {facts['world_size']} rank(s) with DeepSpeed {facts['deepspeed_version']}; "
+            "verify, inspect, export and reshard now read it")

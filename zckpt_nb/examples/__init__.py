@@ -1,0 +1,1 @@
+"""Scripts written as a user of the package writes them: they import `zckpt_nb` and DeepSpeed, nothing else."""

@@ -1,0 +1,87 @@
+"""A training loop of your own, as a researcher writes it: a tiny Llama (grouped-query attention, an untied head)
+trained with DeepSpeed ZeRO-3 alone, no part of this package in the loop.
+
+    torchrun --nproc_per_node 2 -m zckpt_nb.examples.own_loop OUT [--steps 6] [--dtype bf16] [--save deepspeed]
+
+`--save deepspeed` ends with DeepSpeed's own `engine.save_checkpoint(OUT)` on every rank (the rank-0 guard only around
+the folder and `config.json`): a checkpoint without a manifest, which `python -m zckpt_nb adopt OUT` takes in.
+`--save zckpt` saves through `zckpt_nb.save` (commit protocol, no tokenizer, no scheduler) and `--resume` continues
+from `zckpt_nb.resume`. `--fail_preparing` hands `zckpt_nb.save` a tokenizer whose `save_pretrained` raises on the
+folder's writer: every rank must report the same failed save, none may hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import zckpt_nb
+
+
+class BrokenTokenizer:
+    """A tokenizer whose save fails (a disk error, a bug in a user's class): only rank 0 ever calls it."""
+
+    def save_pretrained(self, folder: str) -> None:
+        raise RuntimeError(f"this tokenizer cannot be saved into {folder}")
+
+
+def build(dtype: str) -> tuple[object, object, dict]:
+    """The model built partitioned (HfDeepSpeedConfig alive before from_config) and its ZeRO-3 engine."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers.integrations import HfDeepSpeedConfig
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                 "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                 "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
+                 "bf16": {"enabled": dtype == "bf16"}}
+    keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  (transformers reads it while building the model)
+    model = AutoModelForCausalLM.from_config(config)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    return engine, config, ds_config
+
+
+def main() -> None:
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser(prog="zckpt_nb.examples.own_loop")
+    parser.add_argument("out")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--save", default="deepspeed", choices=["deepspeed", "zckpt"])
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--fail_preparing", action="store_true")
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    engine, config, _ = build(args.dtype)
+    rank, start = dist.get_rank(), 0
+    if args.resume:
+        start = zckpt_nb.resume(engine, args.out)["step"]
+        print(f"rank {rank}: resumed at step {start}", flush=True)
+    for step in range(start, args.steps):
+        torch.manual_seed(1000 * step + rank)  # this rank's batch of this step
+        ids = torch.randint(0, config.vocab_size, (2, 32))
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        print(f"rank {rank}: step {step + 1} loss {loss.item():.4f}", flush=True)
+    if args.save == "deepspeed":
+        if rank == 0:  # only the folder and the config: the save itself is collective
+            os.makedirs(args.out, exist_ok=True)
+            config.save_pretrained(args.out)
+        engine.save_checkpoint(args.out)  # every rank
+    else:
+        tokenizer = BrokenTokenizer() if args.fail_preparing else None
+        outcome = zckpt_nb.save(engine, args.out, step=args.steps, tokenizer=tokenizer,
+                                client_state={"step": args.steps})
+        print(f"rank {rank}: save {outcome.tag}: committed {outcome.committed}; {outcome.error}", flush=True)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
