@@ -10,12 +10,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: notebooks test test-fast lab lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	# torch first and pinned: the CPU build here, and deepspeed's setup.py imports torch.
-	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[dev]'
+	# torch first, at the tested version (the CPU build here); deepspeed's setup.py imports torch.
+	$(PY) -m pip install -c constraints.txt torch
+	$(PY) -m pip install -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 notebooks: $(STAMP)

@@ -35,6 +35,7 @@ MATRIX = [
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0,
             "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0}),
+    ("10", {"NPROC": 3, "DTYPE": "bf16", "STEPS": 3}),
 ]
 
 
@@ -106,6 +107,16 @@ def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameter
         n = get("NODES") * get("GPUS_PER_NODE")
         assert verdict(plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
                                 bw) in text
+
+
+    if prefix == "10":
+        from zckpt_nb.format.layout import tag_for
+        from zckpt_nb.lessons.own_model import max_difference
+
+        steps = {**parameter_defaults(BY_PREFIX["10"]), **parameters}["STEPS"]
+        exact = max_difference(runs / "hf", runs / "raw", tag_for(steps)) == 0 and max_difference(
+            runs / "trainer_hf", runs / "trainer" / f"checkpoint-{steps}", tag_for(steps)) == 0
+        assert f"exported {'exactly' if exact else 'not exactly'} DeepSpeed's fp32 weights" in text
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -15,22 +15,31 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~\[ ]", req.strip(), maxsplit=1)[0].lower()
 
 
-def test_environment_yml_lists_every_dependency_in_order():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pip_lines = [line.strip()[2:] for line in (ROOT / "environment.yml").read_text().splitlines()
-                 if line.strip().startswith("- ") and not line.strip().startswith("- pip:")]
-    names = [_name(x) for x in pip_lines]
-    for dep in deps:
-        assert _name(dep) in names, f"environment.yml lacks {dep}"
-        assert dep in pip_lines, f"environment.yml pins {dep} differently"
-    assert names.index("torch") < names.index("deepspeed"), "torch must come before deepspeed"
-    assert "-e ." in pip_lines and "python=3.11" in pip_lines
+def constraints() -> dict[str, str]:
+    """constraints.txt: package name -> its exact version."""
+    lines = [line.split("#")[0].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()]
+    return {_name(line): line.split("==")[1] for line in lines if line}
 
 
-def test_torch_is_pinned_exactly_to_the_cpu_build_version():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "torch==2.13.0" in deps
-    assert "pip install torch==2.13.0" in (ROOT / "Makefile").read_text()
+def test_every_dependency_has_a_range_whose_lower_bound_is_its_tested_version():
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pinned = constraints()
+    for dep in [*project["dependencies"], *project["optional-dependencies"]["dev"]]:
+        req = Requirement(dep)
+        assert not any(s.operator == "==" for s in req.specifier), f"{dep} is pinned exactly in pyproject.toml"
+        lower = [s.version for s in req.specifier if s.operator == ">="]
+        assert lower == [pinned[req.name.lower()]], f"{dep}: its lower bound is not the tested {pinned[req.name]}"
+        assert req.specifier.contains(pinned[req.name.lower()])
+
+
+def test_make_and_conda_install_the_constraints_torch_first():
+    makefile, env = (ROOT / "Makefile").read_text(), (ROOT / "environment.yml").read_text()
+    assert makefile.index("-c constraints.txt torch") < makefile.index("-c constraints.txt -e '.[dev]'")
+    pip_lines = [line.strip()[2:] for line in env.splitlines() if line.strip().startswith("- ")]
+    assert pip_lines.index("-c constraints.txt") < pip_lines.index("torch") < pip_lines.index("-e .")
+    assert "python=3.11" in pip_lines and constraints()["torch"] == "2.13.0"
 
 
 def test_ci_runs_the_readme_test_command():

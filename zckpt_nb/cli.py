@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import signal
 import sys
 from pathlib import Path
@@ -345,9 +346,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that read or convert files in this process and never use an accelerator: DeepSpeed is told so (it then
+# prints no "Setting accelerator to CPU" warning into their output). train and compare launch ranks on GPUs if any.
+OFFLINE = ("adopt", "inspect", "verify", "reshard", "collect", "export", "generate", "costs")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in OFFLINE:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         with lifeline.signals_interrupt():  # SIGTERM, SIGHUP: stop every rank as Ctrl-C does, not die alone
             return args.func(args)

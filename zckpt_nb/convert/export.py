@@ -279,7 +279,9 @@ def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: i
 def generate_ids(model_dir: Path, token_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation of `token_ids` by the exported model, as token ids (no tokenizer needed)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one line of ids is the whole output
     model = load_model(model_dir)
     vocab = model.config.vocab_size
     if not token_ids or min(token_ids) < 0 or max(token_ids) >= vocab:

@@ -138,7 +138,9 @@ def describe_conversion(manifest: dict[str, Any], reused: bool, world: int | Non
     peak = c["peak_rss_bytes"] / 2**20
     what = "reusing its universal copy" if reused else \
         f"converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS {peak:.0f} MiB)"
-    where = f"this run has {world}" if world else "resume it on any number of ranks with train --resume --nproc M"
+    own = bool((manifest.get("identity") or {}).get("model"))  # this package's preset; else an adopted model
+    where = f"this run has {world}" if world else "resume it on any number of ranks with train --resume --nproc M" \
+        if own else "it loads on any number of ranks with DeepSpeed's \"checkpoint\": {\"load_universal\": true}"
     return (f"{manifest['tag']} was saved by {n} rank(s), {where}: {what}, "
             f"{c['source_bytes'] / 2**20:.1f} MiB -> {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files "
             f"under {UNIVERSAL}/{manifest['tag']}" + ("; loading it with DeepSpeed's load_universal" if world else ""))

@@ -79,7 +79,8 @@ def main() -> None:
         tokenizer = BrokenTokenizer() if args.fail_preparing else None
         outcome = zckpt_nb.save(engine, args.out, step=args.steps, tokenizer=tokenizer,
                                 client_state={"step": args.steps})
-        print(f"rank {rank}: save {outcome.tag}: committed {outcome.committed}; {outcome.error}", flush=True)
+        said = f"; {outcome.error}" if outcome.error else ""
+        print(f"rank {rank}: save {outcome.tag}: committed {outcome.committed}{said}", flush=True)
     dist.barrier()
 
 

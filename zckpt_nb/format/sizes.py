@@ -5,9 +5,11 @@ the files: the non-tensor content DeepSpeed 0.19.8 pickles into them (the module
 `_metadata`, parameter shapes, the DeepSpeed config, Adam's hyperparameters, our client state) and the zip record
 torch.save writes around every tensor. We rebuild that content with every tensor empty (one storage each, as in the
 real files) and let torch.save serialise it into memory; its size is the header. What an empty tensor cannot show
-(its record's alignment, its element count in the pickle) is bounded by `RECORD_SLACK` per tensor with data, so the
-prediction is an upper bound a few hundred bytes above the files. The save preflight (`zckpt_nb.saving.commit`) asks
-`engine_file_bytes`, which builds the same prediction from the live engine instead of a preset.
+(its record's alignment, its element count in the pickle) is bounded by `RECORD_SLACK` per tensor with data. For the
+package's own worker, whose DeepSpeed config and client state are known, the prediction is an upper bound a few
+hundred bytes above the files (tests/test_costs.py). The save preflight (`saving.commit`) asks `engine_file_bytes`,
+which builds the same from the live engine and the client state being saved: for a user's engine an estimate of the
+free space a save needs (DeepSpeed may pickle more than it shows us), not a bound.
 """
 
 from __future__ import annotations
@@ -98,6 +100,18 @@ def without_tensor_data(obj: Any) -> Any:
     return obj
 
 
+def shared_params(model: Any) -> dict[str, str]:
+    """Tied parameters as DeepSpeed records them: each later name of a tensor mapped to its first name."""
+    first: dict[int, str] = {}
+    shared = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            shared[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return shared
+
+
 def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> dict[str, Any]:
     """The model-states file's content as DeepSpeed's `_save_checkpoint` writes it under ZeRO-3, tensors empty.
 
@@ -106,7 +120,7 @@ def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: 
     batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
     shapes = OrderedDict((k, getattr(p, "ds_shape", p.shape)) for k, p in model.named_parameters())
     return {"module": placeholders(model), "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
-            "frozen_param_shapes": OrderedDict(), "shared_params": {"lm_head.weight": "transformer.wte.weight"},
+            "frozen_param_shapes": OrderedDict(), "shared_params": shared_params(model),
             "frozen_param_fragments": OrderedDict(), "lr_scheduler": {"last_batch_iteration": step - 1},
             "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
             "global_samples": step * batch, "dp_world_size": n, "mp_world_size": 1,

@@ -42,7 +42,7 @@ from zckpt_nb.format.sizes import (
     padding,
     slice_numel,
 )
-from zckpt_nb.model import ds_config, meta_model
+from zckpt_nb.model import PRESETS, ds_config, meta_model
 
 TAG_CHECK_BYTES = 2 * 20  # save_checkpoint's tag validation: MAX and MIN all-reduce of a SHA-1 digest
 
@@ -131,7 +131,9 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
     route2 = {"allgather_bytes_per_rank": gather_bytes(released, n, b)}
     largest_module = max(sum(g) for g in module_numels(name)) * b
     largest_tensor = max(numels) * b
-    partitioned = {"per_rank_bytes": [write] * n, "total_bytes": write * n,
+    partitioned = {"per_rank_bytes": [write] * n, "total_bytes": write * n,  # tensor data: exact
+                   "per_rank_file_bytes": file_bytes(name, n, persistence_threshold=persistence_threshold,
+                                                     dtype=dtype) if name in PRESETS else None,
                    "tag_check_bytes_per_rank": TAG_CHECK_BYTES, "regather_bytes_per_rank": regather,
                    **with_ops({"all_reduce": TAG_CHECK_BYTES, "all_gather_into_tensor": regather})}
     # zero_to_fp32 (offline) joins every rank's flat fp32 partitions, then cuts the state dict out of them: two fp32
@@ -189,7 +191,11 @@ def format_prediction(pred: Prediction) -> str:
         f"it holds {pred.held_numel:,} parameter elements",
         f"  held per rank: params {pred.param_bytes / mib:.2f} MiB, grads {pred.grad_bytes / mib:.2f} MiB, "
         f"fp32 master {pred.master_bytes / mib:.2f} MiB, Adam {pred.optimizer_bytes / mib:.2f} MiB",
-        f"  partitioned save: {part['per_rank_bytes'][0]:,} bytes per rank; collectives {part['comm_bytes_per_rank']:,}"
+        f"  partitioned save: {part['per_rank_bytes'][0]:,} bytes of tensor data per rank, "
+        + (f"{part['per_rank_file_bytes']:,} bytes in its two files (torch.save's header included)"
+           if part["per_rank_file_bytes"] else "its files add a header that holds the run's own DeepSpeed config and "
+           "client state (not predicted for a config)")
+        + f"; collectives {part['comm_bytes_per_rank']:,}"
         f" bytes per rank ({part['tag_check_bytes_per_rank']} for the tag check, {part['regather_bytes_per_rank']:,} "
         "to gather the persistent tensors again)",
         f"  gathered save (save_16bit_model): all-gather {gath['allgather_bytes_per_rank']:,} + broadcast "
@@ -199,7 +205,10 @@ def format_prediction(pred: Prediction) -> str:
     ])
 
 
-def file_bytes(name: str, n: int, *, steps: int = 5, seed: int = 0, persistence_threshold: int = 0) -> int:
-    """Predicted size of one rank's two files on disk for preset or config `name`: payload plus header."""
-    config = ds_config(name, steps=steps, world_size=n, comms_logger=True, persistence_threshold=persistence_threshold)
+def file_bytes(name: str, n: int, *, steps: int = 5, seed: int = 0, persistence_threshold: int = 0,
+               dtype: str = "fp32") -> int:
+    """Predicted size of one rank's two files on disk for preset `name` saved by this package's worker: payload plus
+    torch.save's header (which holds the worker's DeepSpeed config and client state, so only a preset has one)."""
+    config = ds_config(name, steps=steps, world_size=n, comms_logger=True, persistence_threshold=persistence_threshold,
+                       bf16=dtype == "bf16")
     return module_file_bytes(meta_model(name), n, config, steps, package_client(config, n, steps, seed))
