@@ -89,7 +89,7 @@ def test_the_export_equals_deepspeeds_fp32_reconstruction_and_its_card_states_on
     exported = load_file(hf / "model.safetensors")
     reference = get_fp32_state_dict_from_zero_checkpoint(str(out), TAG)
     assert set(exported) == set(reference) and "lm_head.weight" in exported  # untied: the head has its own weights
-    assert max(float((exported[k] - reference[k]).abs().max()) for k in exported) == 0.0
+    assert max(float((exported[k] - reference[k].detach()).abs().max()) for k in exported) == 0.0
     card = (hf / "README.md").read_text()
     assert "`llama`" in card and "the output head has weights of its own" in card and "- llama" in card
     assert "gpt2" not in card and "corpus" not in card and "preset" not in card
@@ -105,9 +105,9 @@ def test_an_adopted_checkpoint_reshards_and_train_resume_says_what_to_do(foreign
     done = cli("reshard", out)
     assert done.returncode == 0 and "ok: universal copy of global_step4" in done.stdout, done.stderr
     resumed = cli("train", "--nproc", 2, "--output_dir", out, "--resume", "--steps", 6, "--timeout", 300)
-    errors = [line for line in resumed.stderr.splitlines() if "error" in line]
+    refusals = [line for line in resumed.stderr.splitlines() if "trained outside zckpt_nb (adopted)" in line]
     assert resumed.returncode == 1 and "zckpt_nb.resume(engine, output_dir)" in resumed.stderr
-    assert len(resumed.stderr.strip().splitlines()) <= 12 and errors, resumed.stderr
+    assert len(resumed.stderr.strip().splitlines()) == 3 and len(refusals) == 1, resumed.stderr  # job, why, log
 
 
 def test_a_users_loop_commits_and_resumes_with_no_tokenizer_and_no_scheduler(tmp_path):
@@ -153,7 +153,7 @@ def test_a_trainer_checkpoint_is_adopted_exported_exactly_and_resharded(trainer_
     hf = tmp_path / "hf"
     assert cli("export", ckpt, hf).returncode == 0
     exported, reference = load_file(hf / "model.safetensors"), get_fp32_state_dict_from_zero_checkpoint(str(ckpt), TAG)
-    assert max(float((exported[k] - reference[k]).abs().max()) for k in reference) == 0.0
+    assert max(float((exported[k] - reference[k].detach()).abs().max()) for k in reference) == 0.0
     card = (hf / "README.md").read_text()
     state = json.loads((ckpt / "trainer_state.json").read_text())
     last = [e["loss"] for e in state["log_history"] if e.get("step") == 4 and "loss" in e][-1]

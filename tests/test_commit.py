@@ -253,7 +253,7 @@ def test_resume_and_export_refuse_a_manifest_entry_leading_out(copy, tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"extra": ["--global_batch", "32"]}, "global_batch 16 (this run: 32)"),
+    ({"global_batch": 32}, "global_batch 16 (this run: 32)"),
     ({"model": "small"}, "model 'tiny' (this run: 'small')"),
 ], ids=["other-global-batch", "other-model"])
 def test_resume_refuses_a_checkpoint_that_does_not_fit(copy, kw, message):

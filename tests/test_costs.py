@@ -60,6 +60,7 @@ def test_costs_cli_json_has_per_rank_bytes():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert len(data["partitioned"]["per_rank_bytes"]) == 3
-    assert data["partitioned"]["per_rank_file_bytes"] == file_bytes("tiny", 3)  # the files, header included
+    # the files, header included (the pickled RNG state's integers vary by a few bytes between processes)
+    assert data["partitioned"]["per_rank_file_bytes"] == pytest.approx(file_bytes("tiny", 3), rel=1e-4)
     assert data["partitioned"]["per_rank_file_bytes"] > data["partitioned"]["per_rank_bytes"][0]
     assert data["gathered"]["allgather_bytes_per_rank"] > 0 and data["gathered"]["rank0_extra_peak_bytes"] > 0

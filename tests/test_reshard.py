@@ -65,7 +65,7 @@ def test_export_after_a_universal_load_equals_the_source_export(source, tmp_path
 def test_a_crash_mid_conversion_is_never_loaded(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
     partial = dst / UNIVERSAL / f"{TAG}.converting"
-    child = subprocess.Popen([sys.executable, "-m", "zckpt_nb.reshard", dst / TAG, partial],
+    child = subprocess.Popen([sys.executable, "-m", "zckpt_nb.convert.reshard", dst / TAG, partial],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not any(partial.rglob("*.pt")) and time.monotonic() < deadline and child.poll() is None:

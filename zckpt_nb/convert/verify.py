@@ -95,10 +95,10 @@ def check_fit(manifest: dict[str, Any], tag_dir: Path, world_size: int | None,
             f"{tag_dir} was saved by {manifest['world_size']} ranks; this run has {world_size}. Resume with "
             f"--nproc {manifest['world_size']}, or convert it (DeepSpeed's ds_to_universal) to change the world size")
     if identity is not None and manifest.get("adopted"):
-        kind = (manifest.get("identity") or {}).get("model_type", "a model")
-        raise CheckpointError(f"{tag_dir} holds {kind} trained outside zckpt_nb (adopted); `train` builds only the "
-                              "package's presets (--model tiny, small, ...): resume it in your own training loop "
-                              "with zckpt_nb.resume(engine, output_dir) (README: Your own training loop)")
+        kind = (manifest.get("identity") or {}).get("model_type", "causal LM")
+        raise CheckpointError(f"{tag_dir} holds a `{kind}` model trained outside zckpt_nb (adopted); `train` builds "
+                              "only the package's presets (--model tiny, small, ...): resume it in your own training "
+                              "loop with zckpt_nb.resume(engine, output_dir) (README: Your own training loop)")
     if identity is not None and manifest.get("identity") != identity:
         saved = manifest.get("identity") if isinstance(manifest.get("identity"), dict) else {}
         differ = "; ".join(f"{k} {saved.get(k)!r} (this run: {identity.get(k)!r})"

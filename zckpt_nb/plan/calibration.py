@@ -10,7 +10,7 @@ from typing import Any
 from zckpt_nb.plan.costs import MODE_KEYS, Prediction, predict
 from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, seconds, time_terms
 
-MEASURED = Path(__file__).with_name("data") / "measured_cpu_compare.json"
+MEASURED = Path(__file__).parents[1] / "data" / "measured_cpu_compare.json"  # shipped in zckpt_nb/data/
 
 
 def measured_records(extra_dir: str | Path | None = None) -> list[dict[str, Any]]:

@@ -33,3 +33,15 @@ def rank_errors(output_dir: str | Path) -> dict[str, str]:
     found = {who: [line.strip() for line in lines] for who, lines in rank_lines(output_dir, last=10**6).items()}
     return {who: next((line for line in reversed(lines) if pattern.match(line)), "(no exception)")
             for who, lines in found.items()}
+
+
+def failure_summary(err: LaunchError, log_path: str | Path | None = None, most: int = 8) -> str:
+    """A failed job in a few lines: its first line, then each distinct error line its ranks printed (at most `most`),
+    then where the full log is; the whole message when no rank printed one (a timeout shows every rank's tail)."""
+    errors = list(dict.fromkeys(line.strip().split("zckpt_nb.train: error: ", 1)[1]
+                                for line in str(err).splitlines() if "zckpt_nb.train: error:" in line))
+    if not errors:
+        return str(err)
+    where = f"\n  every rank's output: {log_path}" if log_path else ""
+    return str(err).splitlines()[0] + "".join(f"\n  {e}" for e in errors[:most]) + where
+
