@@ -160,3 +160,16 @@ def test_a_trainer_checkpoint_is_adopted_exported_exactly_and_resharded(trainer_
     assert f"| loss at the last step | {float(last):.4f} (trainer_state.json) |" in card
     assert "ok: universal copy of global_step4" in cli("reshard", ckpt).stdout
     assert cli("generate", hf, "--token_ids", 1, 2, "--max_new_tokens", 3).returncode == 0
+
+
+def test_trainer_save_model_writes_weights_only_with_the_16bit_gather(trainer_run, tmp_path):
+    from zckpt_nb.lessons.own_model import saved_model
+
+    without = saved_model(trainer_run, TAG)
+    assert TAG in without["files"] and without["dtype"] is None  # a partitioned save, no whole weights
+    gathered = tmp_path / "gathered"
+    launch_module("zckpt_nb.examples.trainer_loop", [str(gathered), "--steps", "4", "--gather_16bit"], nproc=2,
+                  timeout=300, name="trainer gathered", verbose=False, progress=False)
+    with_gather = saved_model(gathered, TAG)
+    assert "model.safetensors" in with_gather["files"] and TAG not in with_gather["files"]
+    assert with_gather["dtype"] == "bfloat16" and with_gather["difference"] == 0.0  # the masters, rounded to bf16

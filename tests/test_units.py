@@ -142,4 +142,6 @@ def test_launch_refuses_an_unknown_option_or_a_bad_choice_before_anything_starts
         launch(2, 5, tmp_path / "a", save_modes="async")
     with pytest.raises(UsageError, match="save_mode='fast' is not one of commit, async"):
         launch(2, 5, tmp_path / "b", save_mode="fast")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(UsageError, match="global_batch=None: expected a value of type int"):
+        launch(2, 5, tmp_path / "c", global_batch=None)
+    assert not any((tmp_path / d).exists() for d in "abc")

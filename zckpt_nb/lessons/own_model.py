@@ -79,3 +79,27 @@ def loop_losses(log: list[str], rank: int = 0) -> tuple[list[int], list[float]]:
 
     found = [re.search(rf"rank {rank}: step (\d+) loss ([\d.]+)", line) for line in log]
     return [int(m.group(1)) for m in found if m], [float(m.group(2)) for m in found if m]
+
+
+def saved_model(run_dir: str | Path, tag: str) -> dict[str, Any]:
+    """What `Trainer.save_model` wrote into `run_dir/final`: its files, and when it wrote weights, their dtype and
+    their largest difference from DeepSpeed's fp32 masters of the last checkpoint rounded to that dtype."""
+    import contextlib
+    import io
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
+
+    final, ckpt = Path(run_dir) / "final", next(Path(run_dir).glob("checkpoint-*"))
+    found: dict[str, Any] = {"files": sorted(p.name for p in final.iterdir()), "dtype": None, "difference": None}
+    weights = {}
+    for path in sorted(final.glob("*.safetensors")):
+        weights |= load_file(path)
+    if weights:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            masters = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag)
+        dtype = next(iter(weights.values())).dtype
+        found["dtype"] = str(dtype).removeprefix("torch.")
+        found["difference"] = max(float((w.float() - masters[k].detach().to(dtype).float()).abs().max())
+                                  for k, w in weights.items())
+    return found

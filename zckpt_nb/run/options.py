@@ -98,9 +98,14 @@ class TrainOptions:
             raise UsageError(f"unknown training option(s) {', '.join(unknown)}; the options are "
                              f"{', '.join(sorted(names))}")
         for name, value in options.items():
-            choices = names[name].metadata["choices"]
+            choices, default = names[name].metadata["choices"], names[name].default
             if choices and value not in choices:
                 raise UsageError(f"{name}={value!r} is not one of {', '.join(choices)}")
+            kind = (int, float) if default is None or isinstance(default, float) else type(default)
+            if default is not MISSING and not (value is None and default is None) and (
+                    not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
+                expected = "number" if default is None else type(default).__name__
+                raise UsageError(f"{name}={value!r}: expected a value of type {expected}")
         return cls(**options)
 
     def argv(self) -> list[str]:
