@@ -43,19 +43,31 @@ def adopted_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"fact": k.replace("_", " "), "value": v} for k, v in facts.items()]
 
 
-def max_difference(export_dir: str | Path, ckpt_dir: str | Path, tag: str) -> float:
-    """The largest absolute difference between the exported weights and DeepSpeed's own fp32 reconstruction."""
+def safetensors_in(folder: str | Path) -> dict[str, Any]:
+    """Every tensor of the safetensors files in `folder`."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Any] = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        tensors |= load_file(path)
+    return tensors
+
+
+def deepspeed_fp32(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
+    """DeepSpeed's own fp32 reconstruction of checkpoint `tag` (its progress lines kept out of the notebook)."""
     import contextlib
     import io
 
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from safetensors.torch import load_file
 
-    exported = {}
-    for path in sorted(Path(export_dir).glob("*.safetensors")):
-        exported |= load_file(path)
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress lines
-        reference = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag)
+
+
+def max_difference(export_dir: str | Path, ckpt_dir: str | Path, tag: str) -> float:
+    """The largest absolute difference between the exported weights and DeepSpeed's own fp32 reconstruction."""
+    exported = safetensors_in(export_dir)
+    reference = deepspeed_fp32(ckpt_dir, tag)
     assert set(exported) == set(reference), "the export and DeepSpeed name different tensors"
     return max(float((exported[k] - reference[k].detach()).abs().max()) for k in reference)
 
@@ -84,20 +96,11 @@ def loop_losses(log: list[str], rank: int = 0) -> tuple[list[int], list[float]]:
 def saved_model(run_dir: str | Path, tag: str) -> dict[str, Any]:
     """What `Trainer.save_model` wrote into `run_dir/final`: its files, and when it wrote weights, their dtype and
     their largest difference from DeepSpeed's fp32 masters of the last checkpoint rounded to that dtype."""
-    import contextlib
-    import io
-
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from safetensors.torch import load_file
-
     final, ckpt = Path(run_dir) / "final", next(Path(run_dir).glob("checkpoint-*"))
     found: dict[str, Any] = {"files": sorted(p.name for p in final.iterdir()), "dtype": None, "difference": None}
-    weights = {}
-    for path in sorted(final.glob("*.safetensors")):
-        weights |= load_file(path)
+    weights = safetensors_in(final)
     if weights:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            masters = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag)
+        masters = deepspeed_fp32(ckpt, tag)
         dtype = next(iter(weights.values())).dtype
         found["dtype"] = str(dtype).removeprefix("torch.")
         found["difference"] = max(float((w.float() - masters[k].detach().to(dtype).float()).abs().max())
