@@ -1,4 +1,4 @@
-"""JupyterLab for real: headless Chromium opens notebook 05, runs every cell, then uses the panel as a person would.
+"""JupyterLab for real: headless Chromium opens notebook 06, runs every cell, then uses the panel as a person would.
 
 The lab serves a fresh copy of the notebook (parameters injected so Run All stays short) from a temporary folder,
 so no output ever lands in notebooks/. Screenshots go to build/browser/ for a person to look at.
@@ -26,7 +26,7 @@ from zckpt_nb.run.launch import free_port, kill_tree
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "build" / "browser"
-NOTEBOOK = "05_compare_save_modes.ipynb"
+NOTEBOOK = "06_save_modes_and_stalls.ipynb"
 PARAMETERS = {"WORLD_SIZES": [1], "STEPS": 2}  # Run All measures one small launch; the panel then asks for N = 3
 LAB_SETTINGS = {  # every cell stays in the page (no virtual scrolling); the notebook's kernel starts without asking;
     # no news pop-up over the screenshots
@@ -49,7 +49,7 @@ def chromium() -> str:
 
 
 def copy_notebook(dst: Path) -> None:
-    """Notebook 05 with the short-run parameters injected after its parameters cell (papermill's way)."""
+    """Notebook 06 with the short-run parameters injected after its parameters cell (papermill's way)."""
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
@@ -81,7 +81,7 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[str]:
-    """JupyterLab on a free loopback port with a token, serving a copy of notebook 05; yields its /lab URL."""
+    """JupyterLab on a free loopback port with a token, serving a copy of notebook 06; yields its /lab URL."""
     root, settings = tmp_path / "notebooks", tmp_path / "lab-settings"
     root.mkdir()
     copy_notebook(root)

@@ -171,10 +171,10 @@ SEED_FILES = {
 
 # Files a real tree holds that the table does not list, and who writes them.
 OTHER_FILES = {
-    "zero_to_fp32.py": "DeepSpeed's offline consolidation script, copied in by save_checkpoint (notebook 03)",
+    "zero_to_fp32.py": "DeepSpeed's offline consolidation script, copied in by save_checkpoint (notebook 04)",
     "zero_to_torch.py": "DeepSpeed's wrapper of zero_to_fp32 that can also write fp16/bf16 weights, copied in too",
     "config.json": "the model's transformers config, written by rank 0 (export needs it)",
-    "zckpt_manifest.json": "this package's commit record: sizes and SHA-256 of every file (notebook 06)",
+    "zckpt_manifest.json": "this package's commit record: sizes and SHA-256 of every file (notebook 05)",
     "run.json": "this package's record of the run's measurements",
     "launch.log": "this package's launcher log: every rank's output",
 }

@@ -1,4 +1,4 @@
-"""Notebooks 03 and 04: the consolidated routes proven equal, and their costs against the principle's table.
+"""Notebooks 04 and 04: the consolidated routes proven equal, and their costs against the principle's table.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def commands(ckpt_dir: str | Path, out_root: str | Path, max_shard_size: str) ->
 
     `zero_to_fp32.py` is the copy DeepSpeed writes into every checkpoint folder, run as its users run it. It writes
     pickled `pytorch_model*.bin` shards: its `--safe_serialization` fails on GPT-2's tied head in DeepSpeed 0.19.8
-    (notebook 03); our export writes safetensors.
+    (notebook 04); our export writes safetensors.
     """
     out = Path(out_root)
     return {"zero_to_fp32.py": [sys.executable, str(Path(ckpt_dir) / "zero_to_fp32.py"), str(ckpt_dir),

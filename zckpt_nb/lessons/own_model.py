@@ -1,4 +1,4 @@
-"""Notebook 10: a model and a training loop of your own (a raw DeepSpeed loop, Hugging Face `Trainer`), through
+"""Notebook 08: a model and a training loop of your own (a raw DeepSpeed loop, Hugging Face `Trainer`), through
 adopt, inspect, export, generate and reshard."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class TrainOptions:
                                                     "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
     save_mode: str = option("commit", "commit: the commit protocol; async: snapshot, then write and commit in the "
                                       "background; plain: DeepSpeed's save alone (the benchmarks' baseline); "
-                                      "rank0_only: the seed's hanging snippet (notebook 06); ds_python, ds_decoupled, "
+                                      "rank0_only: the seed's hanging snippet (notebook 05); ds_python, ds_decoupled, "
                                       "ds_fast: DeepSpeed's own checkpoint engines, no manifest or commit",
                             TRAINING_MODES)
     save_16bit: bool = option(False, "after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")

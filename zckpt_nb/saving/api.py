@@ -11,7 +11,7 @@ The save modes (`SAVE_MODES`), as torchtitan's `CheckpointManager.save` takes it
 - `async`: a host snapshot now, the write and the commit in a background thread (`saving.async_save`);
 - `plain`: DeepSpeed's `save_checkpoint` alone; `ds_python`, `ds_decoupled`, `ds_fast`: the same through DeepSpeed's
   own checkpoint engines (configure the engine with `saving.engines.writer_section(mode)`, `saving.engines`);
-- `rank0_only`: the seed's snippet, which cannot finish (notebook 06 runs it, bounded);
+- `rank0_only`: the seed's snippet, which cannot finish (notebook 05 runs it, bounded);
 - `gathered16`, `per_param`: one consolidated model (`saving.routes`) written into the output folder.
 Only `commit` and `async` are durable and resumable with `resume`.
 """

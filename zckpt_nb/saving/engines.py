@@ -17,7 +17,7 @@ Two things stop them under torchrun, and are set here as DeepSpeed's own launche
   `TimedCommits` wraps the engine's `commit` (a public method of DeepSpeed's `CheckpointEngine`) to measure it.
 
 None of these writes a manifest or makes the folder durable as a whole: a crash can leave `latest` naming files that
-are not all on disk (notebook 06 shows what that costs).
+are not all on disk (notebook 05 shows what that costs).
 """
 
 from __future__ import annotations

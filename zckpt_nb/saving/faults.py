@@ -1,4 +1,4 @@
-"""Real faults on demand, for the tests and notebook 06: `ZCKPT_FAULT=point:rank:step[:seconds]`.
+"""Real faults on demand, for the tests and notebook 05: `ZCKPT_FAULT=point:rank:step[:seconds]`.
 
 The worker reads the variable and, when rank `rank` reaches `point` of the save at step `step`, does
 something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`, and

@@ -29,7 +29,7 @@ class SaveLog:
     DeepSpeed's decoupled engine also stops a later step for `commit_wait_seconds` (from `commit_wait_at`);
     `durable_seconds` from the save call to the moment every rank knows the commit is on disk (None when the mode
     never makes it durable, or the save failed). `started_at`, `step_starts` and `loop_seconds` (its end) are seconds
-    since the training loop began on this rank (the timeline of notebook 08).
+    since the training loop began on this rank (the timeline of notebook 06).
     """
 
     def __init__(self, output_dir: str | Path, on_save_error: str, rank: int) -> None:

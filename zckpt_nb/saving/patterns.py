@@ -60,7 +60,7 @@ def save_plain(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any
 
 def save_rank0_only(engine: Any, tokenizer: Any, save_dir: str | Path, tag: str, state: dict[str, Any],
                     timeout: float) -> SaveOutcome:
-    """The seed's snippet, for notebook 06: `if rank == 0:` around the whole, collective, save. It cannot finish.
+    """The seed's snippet, for notebook 05: `if rank == 0:` around the whole, collective, save. It cannot finish.
 
     Rank 0 waits in DeepSpeed's first barrier for ranks that went on training; the collective timeout ends the
     wait with an error, turned into one line. The other ranks do what the snippet tells them: nothing, and they
