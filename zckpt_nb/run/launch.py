@@ -30,6 +30,7 @@ from zckpt_nb.errors import LaunchError, LaunchStopped, LaunchTimeout, UsageErro
 from zckpt_nb.format.disk import check_writable
 from zckpt_nb.format.layout import committed_tags
 from zckpt_nb.run import lifeline, lock
+from zckpt_nb.run.devices import Placement, gpu_count, too_many
 from zckpt_nb.run.nodes import ONE_NODE, Nodes
 from zckpt_nb.run.options import TrainOptions
 
@@ -74,24 +75,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gpu_count() -> int:
-    """CUDA GPUs visible to this process (0 on CPU-only machines or with DS_ACCELERATOR=cpu)."""
-    if os.environ.get("DS_ACCELERATOR") == "cpu":
+def gpus_for(placement: Placement | None) -> int:
+    """The GPUs a launch's ranks may use: none for CPU ranks, the placement's own, else every GPU here."""
+    if placement is not None and placement.accelerator == "cpu":
         return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return len(placement.gpus) if placement is not None and placement.gpus else gpu_count()
 
 
-def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, nodes: Nodes = ONE_NODE) -> None:
+def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, nodes: Nodes = ONE_NODE,
+                     placement: Placement | None = None) -> None:
     """Reject bad training input with one clear line, before any rank starts."""
     if nproc < 1:
         raise UsageError(f"--nproc must be at least 1 (got {nproc})")
     if nodes.problem():
         raise UsageError(nodes.problem())
-    gpus = gpu_count()
+    gpus = gpus_for(placement)
     if gpus and nproc > gpus:
-        raise UsageError(f"--nproc {nproc} asks for more GPU ranks than the {gpus} GPU(s) here; use --nproc {gpus}")
+        raise UsageError(too_many(nproc, gpus))
     if opts.steps < 1 or opts.save_every < 0 or timeout <= 0:
         raise UsageError(f"--steps must be >= 1, --save_every >= 0 and --timeout > 0 "
                          f"(got {opts.steps}, {opts.save_every}, {timeout})")
@@ -102,11 +102,13 @@ def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, no
                          "train with --save_checkpoint first or point --output_dir at a checkpoint folder")
 
 
-def worker_env(nproc: int) -> dict[str, str]:
-    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo); who launched them (lifeline)."""
+def worker_env(nproc: int, placement: Placement | None = None) -> dict[str, str]:
+    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo); who launched them (lifeline);
+    the placement's DS_ACCELERATOR or CUDA_VISIBLE_DEVICES (`run.devices`)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **lifeline.launcher_env())
-    if not gpu_count():
+    if not gpus_for(placement):
         env["DS_ACCELERATOR"] = "cpu"
+    env.update(placement.env() if placement is not None else {})
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return env
 
@@ -217,17 +219,19 @@ def keep_log(path: Path, log: list[str]) -> None:
 def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, name: str,
                   log_path: Path | None = None, verbose: bool = True, progress: bool = True,
                   on_line: Callable[[str, str], None] | None = None,
-                  stop: threading.Event | None = None, nodes: Nodes = ONE_NODE) -> tuple[list[str], float]:
+                  stop: threading.Event | None = None, nodes: Nodes = ONE_NODE,
+                  placement: Placement | None = None) -> tuple[list[str], float]:
     """Run `python -m module args` on `nproc` ranks (of this node); return (all output lines, seconds). Never hangs.
 
     `on_line(who, text)` sees every line; setting `stop` (from any thread) kills every rank and raises LaunchStopped.
+    `placement` (`run.devices`) puts the ranks on CPU or on given GPUs (default: every GPU here, else CPU).
     """
     log: list[str] = []
     per_rank: dict[str, deque] = defaultdict(lambda: deque(maxlen=12))
     shown = Progress(name, verbose, progress)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="zckpt_torchrun_") as log_dir:
-        proc = subprocess.Popen(torchrun_command(module, args, nproc, log_dir, nodes), env=worker_env(nproc),
+        proc = subprocess.Popen(torchrun_command(module, args, nproc, log_dir, nodes), env=worker_env(nproc, placement),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True)
         try:
@@ -269,19 +273,21 @@ def default_timeout(model: str, nproc: int, steps: int) -> float:
 
 def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny", *, timeout: float | None = None,
            verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
-           stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, **options: Any) -> RunResult:
+           stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, placement: Placement | None = None,
+           **options: Any) -> RunResult:
     """Train with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements.
 
     `options` are the worker's, typed (`run.options.TrainOptions`: `save_every=50`, `save_mode="async"`,
     `model="small"`, ...); a name it does not take is refused. `timeout=None` scales the bound with the preset, the
     steps and the ranks (`default_timeout`). `on_line` and `stop` go to `launch_module`: every output line, and an
     event that stops the job from any thread. On several nodes, call it once per node with its `nodes`
-    (`run.nodes`); `nproc` is the ranks of each node.
+    (`run.nodes`); `nproc` is the ranks of each node. `placement` (`run.devices.choose_world`) picks CPU ranks or
+    this launch's GPUs.
     """
     output_dir = Path(output_dir).resolve()
     opts = TrainOptions.build(steps=steps, output_dir=str(output_dir), **options)
     timeout = timeout or default_timeout(opts.model, nproc, steps)
-    check_train_args(nproc, opts, timeout=timeout, nodes=nodes)
+    check_train_args(nproc, opts, timeout=timeout, nodes=nodes, placement=placement)
     output_dir.mkdir(parents=True, exist_ok=True)
     where = f" of node {nodes.node_rank} ({nodes.nnodes} nodes)" if nodes.nnodes > 1 else ""
     name = f"train {opts.model} on {nproc} rank(s){where} -> {output_dir}"
@@ -293,7 +299,7 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
         (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
         log, seconds = launch_module("zckpt_nb.train", opts.argv(), nproc=nproc, timeout=timeout, name=name,
                                      log_path=output_dir / log_name(nodes), verbose=verbose, progress=progress,
-                                     on_line=on_line, stop=stop, nodes=nodes)
+                                     on_line=on_line, stop=stop, nodes=nodes, placement=placement)
     finally:
         lock.release(output_dir, mine)
     return RunResult.from_dir(output_dir, log, seconds)

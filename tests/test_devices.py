@@ -1,0 +1,59 @@
+"""World size by device count (run.devices): the ranks a launch gets on 1, 2, 4 and 8 GPUs and on CPU."""
+
+import pytest
+
+from zckpt_nb.errors import UsageError
+from zckpt_nb.run.devices import Placement, choose_world, node_placements
+from zckpt_nb.run.launch import check_train_args, worker_env
+from zckpt_nb.run.options import TrainOptions
+
+pytestmark = pytest.mark.fast
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+@pytest.mark.parametrize("requested", [1, 2, 3, 4, 8])
+def test_gpu_ranks_never_exceed_the_gpus(gpus, requested):
+    fit = choose_world(requested, "cuda", gpus)
+    assert fit.accelerator == "cuda" and fit.ranks == min(requested, gpus)
+    exact = choose_world(requested, "cuda", gpus, exact=True)
+    assert exact.ranks == requested
+    assert exact.accelerator == ("cuda" if requested <= gpus else "cpu")
+    if requested > gpus:
+        assert "DS_ACCELERATOR=cpu" in fit.note and "one GPU per rank" in fit.note
+        assert exact.env() == {"DS_ACCELERATOR": "cpu"}
+
+
+@pytest.mark.parametrize("accelerator, gpus", [("cpu", 0), ("cpu", 8), ("cuda", 0)])
+def test_cpu_ranks_any_number(accelerator, gpus):
+    choice = choose_world(5, accelerator, gpus)
+    assert (choice.ranks, choice.accelerator) == (5, "cpu")
+    assert "CPU rank" in choice.note and "DS_ACCELERATOR=cpu" in choice.note
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_simulated_nodes_get_their_own_gpus_or_cpu_ranks(gpus):
+    nodes = node_placements(2, 1, "cuda", gpus)
+    if gpus >= 2:
+        assert [p.gpus for p in nodes] == [(0,), (1,)]  # never two ranks on GPU 0
+        assert [p.env()["CUDA_VISIBLE_DEVICES"] for p in nodes] == ["0", "1"]
+    else:
+        assert all(p.accelerator == "cpu" and p.env() == {"DS_ACCELERATOR": "cpu"} for p in nodes)
+    two_each = node_placements(2, 2, "cuda", gpus)
+    if gpus >= 4:
+        assert [p.gpus for p in two_each] == [(0, 1), (2, 3)]
+    else:
+        assert {p.accelerator for p in two_each} == {"cpu"}
+
+
+def test_visible_devices_are_mapped_through_the_parents(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert Placement(1, "cuda", "", (1,)).env() == {"CUDA_VISIBLE_DEVICES": "5"}
+
+
+def test_refusal_names_cpu_ranks(monkeypatch, tmp_path):
+    monkeypatch.setattr("zckpt_nb.run.launch.gpu_count", lambda: 2)  # pretend: this machine has two GPUs
+    with pytest.raises(UsageError, match="DS_ACCELERATOR=cpu"):
+        check_train_args(4, TrainOptions(output_dir=str(tmp_path), steps=10))
+    cpu = choose_world(4, "cuda", 2, exact=True)
+    check_train_args(4, TrainOptions(output_dir=str(tmp_path), steps=10), placement=cpu)  # CPU ranks: accepted
+    assert worker_env(4, cpu)["DS_ACCELERATOR"] == "cpu"

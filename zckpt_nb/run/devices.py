@@ -1,0 +1,86 @@
+"""How many ranks a launch can have on this machine, and which device each rank gets.
+
+NCCL puts one rank on one GPU ("Duplicate GPU detected" otherwise), so GPU ranks are at most the GPUs present. CPU ranks
+(DeepSpeed's CPU accelerator, `DS_ACCELERATOR=cpu`, gloo) run on any machine, any number of them. Simulated nodes on
+one machine each get their own GPUs through `CUDA_VISIBLE_DEVICES` (every node's first rank is `LOCAL_RANK` 0).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+CPU_HINT = "DS_ACCELERATOR=cpu runs any number of CPU ranks (gloo) on any machine"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The ranks of one launch: how many, on which accelerator, which GPUs (local rank i -> gpus[i]), and why."""
+
+    ranks: int
+    accelerator: str  # "cuda" (one GPU per rank, NCCL) or "cpu" (CPU ranks, gloo)
+    note: str
+    gpus: tuple[int, ...] = ()  # CUDA device indices of this machine; () on CPU or for all of them
+
+    def env(self) -> dict[str, str]:
+        """The ranks' environment for this placement: DS_ACCELERATOR=cpu, or the GPUs they may see."""
+        if self.accelerator == "cpu":
+            return {"DS_ACCELERATOR": "cpu"}
+        if not self.gpus:
+            return {}
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES")  # indices are relative to what this process already sees
+        names = seen.split(",") if seen else [str(i) for i in range(max(self.gpus) + 1)]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(names[i] for i in self.gpus)}
+
+
+def gpu_count() -> int:
+    """CUDA GPUs visible to this process (0 on CPU-only machines or with DS_ACCELERATOR=cpu)."""
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def machine() -> tuple[str, int]:
+    """This machine's accelerator and GPU count: ("cuda", n) with GPUs, ("cpu", 0) without."""
+    gpus = gpu_count()
+    return ("cuda", gpus) if gpus else ("cpu", 0)
+
+
+def too_many(requested: int, gpus: int) -> str:
+    """One line: `requested` GPU ranks do not fit `gpus` GPUs, and the two ways that work."""
+    return (f"--nproc {requested} asks for more GPU ranks than the {gpus} GPU(s) here (NCCL needs one GPU per rank); "
+            f"use --nproc {gpus}, or set {CPU_HINT}")
+
+
+def choose_world(requested: int, accelerator: str, gpus: int, *, exact: bool = False) -> Placement:
+    """The ranks to use for `requested` on this accelerator and GPU count, with a one-line note.
+
+    On GPUs, more ranks than GPUs become as many ranks as GPUs, or, with `exact` (a lesson that needs that very world
+    size), `requested` CPU ranks. CPU (or no GPU) gives `requested` CPU ranks.
+    """
+    if accelerator != "cuda" or gpus < 1:
+        why = "no GPU here" if accelerator == "cuda" else "CPU asked for"
+        return Placement(requested, "cpu", f"{requested} CPU rank(s) (DS_ACCELERATOR=cpu, gloo): {why}")
+    if requested <= gpus:
+        return Placement(requested, "cuda", f"{requested} GPU rank(s), one per GPU (NCCL), of the {gpus} GPU(s) here")
+    if exact:
+        return Placement(requested, "cpu", f"{requested} CPU rank(s) (DS_ACCELERATOR=cpu, gloo): {requested} ranks "
+                                           f"do not fit the {gpus} GPU(s) here, one rank per GPU (NCCL)")
+    return Placement(gpus, "cuda", f"{gpus} GPU rank(s) instead of {requested}: NCCL needs one GPU per rank and "
+                                   f"there are {gpus} here ({CPU_HINT})")
+
+
+def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> list[Placement]:
+    """Simulated nodes on this machine: node k's ranks get GPUs k*nproc .. k*nproc+nproc-1, or all are CPU ranks.
+
+    Every node's ranks start at LOCAL_RANK 0, so without their own `CUDA_VISIBLE_DEVICES` they would all take GPU 0.
+    """
+    need = nnodes * nproc
+    if accelerator != "cuda" or gpus < need:
+        note = (f"{nnodes} node(s) x {nproc} CPU rank(s) (DS_ACCELERATOR=cpu, gloo)"
+                + (f": {need} ranks do not fit the {gpus} GPU(s) here, one per GPU" if accelerator == "cuda" else ""))
+        return [Placement(nproc, "cpu", note) for _ in range(nnodes)]
+    return [Placement(nproc, "cuda", f"node {k}: GPU(s) {', '.join(map(str, range(k * nproc, (k + 1) * nproc)))}",
+                      tuple(range(k * nproc, (k + 1) * nproc))) for k in range(nnodes)]
