@@ -112,7 +112,7 @@ def check_stop(stop: threading.Event | None, what: str) -> None:
 def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, steps: int = 5,
                        timeout: float | None = None, verbose: bool = False, progress: bool = True,
                        on_line: Callable[[str, str], None] | None = None, stop: threading.Event | None = None,
-                       persistence_threshold: int = 0) -> list[dict[str, Any]]:
+                       persistence_threshold: int = 0, dtype: str = "auto") -> list[dict[str, Any]]:
     """Run every asked-for mode at world size `n` and return one record per (mode, rank).
 
     `progress` shows a bar per launch; `on_line` sees the ranks' lines; setting `stop` ends the launch (every rank
@@ -123,7 +123,7 @@ def measure_world_size(model: str, n: int, modes: list[str], out_dir: Path, *, s
     flush_writes()  # the run's partitioned save must not pay for writing back the last world size's files
     run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}_t{t}"), save_checkpoint=True, model=model,
                  **routes, timeout=timeout, verbose=verbose, progress=progress, on_line=on_line, stop=stop,
-                 persistence_threshold=t)
+                 persistence_threshold=t, dtype=dtype)
     costs = [c for c in run.data["save_costs"] if c["mode"] in modes]
     if "offline" in modes:
         check_stop(stop, f"the offline conversion at N = {n}")
@@ -167,7 +167,8 @@ def check_request(nprocs: list[int], model: str, modes: list[str]) -> None:
 def compare(nprocs: list[int], model: str, modes: list[str], output_dir: str | Path, *, steps: int = 5,
             timeout: float | None = None, reuse: bool = True, verbose: bool = False, progress: bool = True,
             on_start: Callable[[int], None] | None = None, on_line: Callable[[str, str], None] | None = None,
-            stop: threading.Event | None = None, persistence_threshold: int = 0) -> list[dict[str, Any]]:
+            stop: threading.Event | None = None, persistence_threshold: int = 0,
+            dtype: str = "auto") -> list[dict[str, Any]]:
     """Measure what is missing (everything with reuse=False), save DIR/compare.json, return the records asked for.
 
     `on_start(n)` is called before each world size is measured; `progress`, `on_line` and `stop` go to
@@ -183,7 +184,8 @@ def compare(nprocs: list[int], model: str, modes: list[str], output_dir: str | P
         if on_start:
             on_start(n)
         fresh = measure_world_size(model, n, modes, out, steps=steps, timeout=timeout, verbose=verbose,
-                                   progress=progress, on_line=on_line, stop=stop, persistence_threshold=t)
+                                   progress=progress, on_line=on_line, stop=stop, persistence_threshold=t,
+                                   dtype=dtype)
         done = {(r["mode"], r["rank"]) for r in fresh}
         records = [r for r in records if not (r["model"] == model and r["world_size"] == n and
                                               r.get("persistence_threshold", 0) == t and
