@@ -94,18 +94,24 @@ class History:
 
 
 def setup_distributed(timeout_s: float) -> tuple[str, str]:
-    """Join the process group: NCCL with one GPU per rank, else gloo on CPU ranks. Returns (backend, device)."""
-    import deepspeed
-    import torch
+    """Join the process group: NCCL with one GPU per rank, else gloo on CPU ranks. Returns (backend, device).
 
-    on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
+    The rank's own accelerator decides (DeepSpeed's `get_accelerator`, which reads DS_ACCELERATOR), not whether a GPU
+    exists: CPU ranks on a GPU box never touch CUDA, so none of them creates a context on GPU 0. A GPU rank takes
+    LOCAL_RANK among the GPUs it sees (simulated nodes see their own, `run.devices.node_placements`).
+    """
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    on_gpu = accelerator.device_name() == "cuda"
     backend = "nccl" if on_gpu else "gloo"
     if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        accelerator.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     else:
         skip_shm_op()
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
-    return backend, (f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu")
+    return backend, (f"cuda:{accelerator.current_device()}" if on_gpu else "cpu")
 
 
 def skip_shm_op() -> None:

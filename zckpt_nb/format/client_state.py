@@ -18,7 +18,7 @@ def rng_state() -> dict[str, Any]:
     import torch
 
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # a GPU rank; asking a CPU rank would create a CUDA context on GPU 0
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
@@ -31,7 +31,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and torch.cuda.is_initialized():
         torch.cuda.set_rng_state(state["cuda"])
 
 

@@ -3,38 +3,30 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.verify import describe_manifest, verify
-from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.layout import RANK_FILE, latest_name
 from zckpt_nb.format.manifest import elsewhere
+from zckpt_nb.lessons.together import together
 from zckpt_nb.run.launch import free_port, launch
 from zckpt_nb.run.nodes import Nodes
 
 
-def simulate(dirs: list[str | Path], steps: int, **launch_kw: Any) -> list[Any]:
-    """Notebook 07: one launch per folder in `dirs`, as the nodes of one job on this machine (127.0.0.1).
+def simulate(layouts: dict[str, list[str | Path]], steps: int, **launch_kw: Any) -> dict[str, list[Any]]:
+    """Notebook 07: per layout (name -> one folder per node), one launch per folder as the nodes of one job on this
+    machine (127.0.0.1); every node of every layout started at once (`together`).
 
-    Returns, per node, its `RunResult`, or the failed launch's `LaunchError`; each launch has its own timeout.
-    """
-    import threading
-
-    port, results = free_port(), [None] * len(dirs)
-
-    def node(k: int) -> None:
-        try:
-            results[k] = launch(1, steps, dirs[k], nodes=Nodes(len(dirs), k, master_port=port), **launch_kw)
-        except LaunchError as e:
-            results[k] = e
-
-    threads = [threading.Thread(target=node, args=(k,)) for k in range(len(dirs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    Returns, per layout and node, its `RunResult`, or the failed launch's `LaunchError`; each launch has its own
+    timeout."""
+    ports = {name: free_port() for name in layouts}
+    calls = {(name, k): partial(launch, 1, steps, folder, nodes=Nodes(len(dirs), k, master_port=ports[name]),
+                                **launch_kw)
+             for name, dirs in layouts.items() for k, folder in enumerate(dirs)}
+    results = together(calls)
+    return {name: [results[name, k] for k in range(len(dirs))] for name, dirs in layouts.items()}
 
 
 def folder_rows(dirs: list[str | Path]) -> list[dict[str, Any]]:

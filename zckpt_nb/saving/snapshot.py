@@ -47,7 +47,7 @@ def to_host(tensor: Any, storages: dict[tuple[str, int], Any]) -> Any:
     source = tensor.untyped_storage()
     key = (str(tensor.device), source.data_ptr())
     if key not in storages:
-        pinned = torch.cuda.is_available()
+        pinned = tensor.device.type == "cuda"  # never pin for other devices: that would create a CUDA context
         storages[key] = torch.empty(source.nbytes(), dtype=torch.uint8, pin_memory=pinned).untyped_storage()
         storages[key].copy_(source)  # blocking: the background thread reads it next
     host = torch.empty(0, dtype=tensor.dtype).set_(storages[key], tensor.storage_offset(), tensor.size(),
