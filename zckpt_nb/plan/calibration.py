@@ -160,3 +160,44 @@ def load_records(out_dir: Path) -> list[dict[str, Any]]:
     """
     path = Path(out_dir) / RESULTS
     return [r for r in json.loads(path.read_text()) if "stall_seconds" in r] if path.is_file() else []
+
+
+def calibration_table(rows: list[dict[str, Any]], shown: int = 12) -> list[dict[str, Any]]:
+    """The `shown` saves the fitted constants predict worst, worst first, as a person reads them (ms, %)."""
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1e3:,.1f}"
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.0%}"
+
+    return [{"model": r["model"], "mode": r["mode"], "N": r["N"], "measured ms": ms(r["measured s"]),
+             "bandwidths alone ms": ms(r["bandwidth-only s"]), "fitted ms": ms(r["fitted s"]),
+             "bandwidths alone error": pct(r["bandwidth-only error"]), "fitted error": pct(r["fitted error"])}
+            for r in worst_first(rows)[:shown]]
+
+
+def worst_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Calibrated saves by the fitted prediction's error, largest first (unfitted last)."""
+    return sorted(rows, key=lambda r: -abs(r["fitted error"] or 0))
+
+
+def save_calibration(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Every calibrated save, as `calibration_table` words it, in a CSV file at `path`; the path."""
+    import csv
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    full = [{"machine": r["machine"], **t} for r, t in zip(worst_first(rows), calibration_table(rows, len(rows)))]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(full[0]))
+        writer.writeheader()
+        writer.writerows(full)
+    return path
+
+
+def constants_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`machine_constants` with one column per machine, one row per constant."""
+    machines = list(dict.fromkeys(r["machine"] for r in rows))
+    names = list(dict.fromkeys(r["constant"] for r in rows))
+    value = {(r["machine"], r["constant"]): r["value"] for r in rows}
+    return [{"constant": c, **{m.split(" (")[0]: value.get((m, c), "-") for m in machines}} for c in names]

@@ -1,0 +1,121 @@
+"""What changes on a GPU cluster, from the plan: the collective timeout against a gathered save's waits, a parallel
+filesystem's aggregate bandwidth, and the pinned host memory a snapshot takes.
+
+Each figure is arithmetic on `zckpt_nb.plan.costs` and `zckpt_nb.plan.planning` (a config, N, bandwidths); the
+timeouts are read from torch and DeepSpeed, not typed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zckpt_nb.plan.costs import DTYPE_BYTES, module_walk_numels, predict
+from zckpt_nb.plan.planning import GB, GIB, Bandwidths, seconds, time_terms
+
+# torch's _DEFAULT_PG_NCCL_TIMEOUT (10 min): a torch built without NCCL (this CPU build) does not compile it in.
+NCCL_DOCUMENTED_S = 600.0
+MIB = 2**20
+
+
+def default_timeouts() -> dict[str, float]:
+    """Seconds a collective may wait before the job is killed, by who sets it, unless the job sets its own."""
+    import torch.distributed.constants as torch_constants
+    from deepspeed import constants as ds_constants
+
+    nccl = torch_constants.default_pg_nccl_timeout
+    return {"torch, NCCL": nccl.total_seconds() if nccl else NCCL_DOCUMENTED_S,
+            "torch, other backends": torch_constants.default_pg_timeout.total_seconds(),
+            "deepspeed.init_distributed": ds_constants.default_pg_timeout.total_seconds()}
+
+
+def gather_waits(name: str, n: int, bw: Bandwidths, dtype: str = "bf16", threshold: int = 0) -> dict[str, float]:
+    """A gathered 16-bit save's waits on rank 0, in s: its collectives in all, the longest single all-gather, and
+    rank 0's write of the whole model, which the other ranks spend inside their next collective call."""
+    pred = predict(name, n, dtype, threshold)
+    terms = time_terms(pred, bw)["gathered16"]
+    unit = bw.unit_seconds()
+    largest = max(module_walk_numels(name)) * DTYPE_BYTES[dtype]  # DeepSpeed gathers one tensor per call
+    return {"collectives s": sum(v for k, v in terms.items() if not k.startswith("rank 0 writes")),
+            "longest call s": largest * (n - 1) / n * unit["net"] + (n - 1) * unit["steps"],
+            "rank 0 write s": next(v for k, v in terms.items() if k.startswith("rank 0 writes"))}
+
+
+def timeout_sentence(name: str, n: int, waits: dict[str, float], timeouts: dict[str, float]) -> str:
+    """Which of a gathered save's waits reach which default timeout, in plain words."""
+    shortest = min(timeouts.values())
+    over = [k for k, t in timeouts.items() if waits["rank 0 write s"] > t]
+    return (f"{name} at N = {n}: the gathered 16-bit save spends {seconds(waits['collectives s'])} in collectives "
+            f"in all, but a timeout counts one call at a time, and its longest all-gather takes "
+            f"{seconds(waits['longest call s'])}, {waits['longest call s'] / shortest:.2%} of the shortest default "
+            f"({shortest:g} s). The wait that "
+            f"counts is rank 0 writing the whole model alone, {seconds(waits['rank 0 write s'])}, which every other "
+            "rank spends inside its next collective call: "
+            + (f"over the default of {', '.join(f'{k} ({timeouts[k]:g} s)' for k in over)}, so a job on that default "
+               "is killed mid-save unless it passes a longer `timeout` to `deepspeed.init_distributed`." if over else
+               f"{waits['rank 0 write s'] / shortest:.1%} of the shortest default, so no default timeout fires."))
+
+
+def filesystem_seconds(total_bytes: float, nodes: int, node_gbps: float, cap_gbps: float) -> dict[str, float]:
+    """A partitioned save of `total_bytes` written by every node at once: the aggregate bandwidth it gets (each
+    node's bandwidth times the nodes, up to the filesystem's shared cap, in GB/s) and its seconds with and without
+    the cap."""
+    aggregate = min(node_gbps * nodes, cap_gbps)
+    return {"nodes": nodes, "uncapped GB/s": node_gbps * nodes, "aggregate GB/s": aggregate,
+            "uncapped s": total_bytes / (node_gbps * nodes * GB), "capped s": total_bytes / (aggregate * GB)}
+
+
+def filesystem_rows(name: str, node_counts: list[int], gpus_per_node: int, node_gbps: float, cap_gbps: float,
+                    dtype: str = "bf16", threshold: int = 0) -> list[dict[str, Any]]:
+    """Per node count, a partitioned save's aggregate bandwidth and seconds with and without a shared cap."""
+    rows = []
+    for nodes in node_counts:
+        pred = predict(name, nodes * gpus_per_node, dtype, threshold)
+        found = filesystem_seconds(pred.partitioned["total_bytes"], nodes, node_gbps, cap_gbps)
+        rows.append({"nodes": nodes, "N": pred.world_size, "save GiB": pred.partitioned["total_bytes"] / GIB,
+                     **{k: v for k, v in found.items() if k != "nodes"}})
+    return rows
+
+
+def filesystem_sentence(rows: list[dict[str, Any]], cap_gbps: float) -> str:
+    """From which node count the shared cap, not the nodes, sets a partitioned save's time."""
+    capped = [r for r in rows if r["uncapped GB/s"] > cap_gbps]
+    if not capped:
+        return (f"Up to {rows[-1]['nodes']} nodes the nodes together write below the filesystem's {cap_gbps:g} GB/s, "
+                "so the save's time falls as nodes are added.")
+    first = capped[0]
+    return (f"From {first['nodes']} nodes on, the nodes could write {first['uncapped GB/s']:g} GB/s but the "
+            f"filesystem takes {cap_gbps:g} GB/s: the save takes {first['capped s']:.3g} s instead of "
+            f"{first['uncapped s']:.3g} s, and adding nodes no longer shortens it (the bytes are the same whatever N, "
+            "so a capped save takes the same time at every larger N).")
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """What torch's caching host allocator reserves for a pinned buffer of `nbytes`: the next power of two
+    (`c10::llvm::PowerOf2Ceil` in CachingHostAllocator, so freed blocks are reused)."""
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+def pinned_rows(name: str, sizes: list[int], dtype: str = "bf16", threshold: int = 0) -> list[dict[str, Any]]:
+    """Per N, a rank's snapshot in pinned host memory: its shard (the fp32 master slice and both Adam moments, one
+    buffer each, as the snapshot copies one storage per buffer) and what the allocator reserves for it."""
+    rows = []
+    for n in sizes:
+        pred = predict(name, n, dtype, threshold)
+        buffers = [pred.master_bytes, pred.optimizer_bytes // 2, pred.optimizer_bytes // 2]
+        reserved = sum(pinned_bytes(b) for b in buffers)
+        rows.append({"N": n, "shard MiB": sum(buffers) / MIB, "pinned MiB": reserved / MIB,
+                     "rounding": reserved / sum(buffers) - 1})
+    return rows
+
+
+def pinned_sentence(rows: list[dict[str, Any]], gpus_per_node: int) -> str:
+    """How much the power-of-two rounding adds to a snapshot's pinned memory, per rank and per node."""
+    worst = max(rows, key=lambda r: r["rounding"])
+    best = min(rows, key=lambda r: r["rounding"])
+    low, high = f"{best['rounding']:.0%}", f"{worst['rounding']:.0%}"
+    spread = (f"{high} more at every N shown" if low == high
+              else f"from {low} more (N = {best['N']}) to {high} more (N = {worst['N']})")
+    return (f"Pinned for a snapshot, a rank's shard is rounded up to powers of two: {spread}. At N = {worst['N']}, "
+            f"{worst['shard MiB']:,.0f} MiB of shard reserve {worst['pinned MiB']:,.0f} MiB, and a node of "
+            f"{gpus_per_node} ranks pins "
+            f"{worst['pinned MiB'] * gpus_per_node / 1024:,.1f} GiB of host memory the kernel cannot page out.")
