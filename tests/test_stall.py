@@ -47,8 +47,37 @@ def test_summary_and_sentences_follow_the_records():
     rows = stall.summary(records)
     assert [r["median durable s"] for r in rows] == [stall.NEVER, 0.4, 0.9]
     sentence = stall.stall_sentence(rows)
-    assert "plain stops training 0.100 s per save and never makes it durable" in sentence
-    assert "Least stall: async" in sentence and "3.0 MiB snapshot" in sentence
+    assert "plain stops training 0.100 s per save (spread 0.000 s) and never makes it durable" in sentence
+    assert "Least stall: async, and no other mode" in sentence and "3.0 MiB snapshot" in sentence
+
+
+def test_a_difference_inside_the_spreads_is_called_a_tie():
+    plain = [stall.save_record("plain", 0, save(t, 0, s, None)) for t, s in (("a", 0.0271), ("b", 0.020), ("c", 0.03))]
+    commit = [stall.save_record("commit", 0, save(t, 0, s, s)) for t, s in (("a", 0.0275), ("b", 0.021), ("c", 0.04))]
+    sentence = stall.stall_sentence(stall.summary(plain + commit))
+    assert "a tie between plain and commit" in sentence
+
+
+def test_the_decoupled_engines_wait_at_the_run_end_counts_in_its_total():
+    # two saves on one rank: each call 0.1 s; a later step waits 0.2 s for the first, the run's end 0.6 s for the last
+    first = save("a", 1.0, 0.1, None) | {"commit_wait_at": 1.5, "commit_wait_seconds": 0.2}
+    last = save("b", 3.0, 0.1, None) | {"commit_wait_at": 4.0, "commit_wait_seconds": 0.6}
+    records = [stall.save_record("ds_decoupled", 0, s) for s in (first, last)]
+    records += [stall.save_record("plain", 0, save(t, 0, 0.3, None)) for t in "ab"]
+    assert stall.summary(records)[0]["total stall, slowest rank s"] == pytest.approx(1.0)
+    sentence = stall.decoupled_sentence(records)
+    assert "1.000 s in all" in sentence and "0.600 s of it at the run's end" in sentence and "1.67x" in sentence
+
+
+def test_the_interval_calculator_uses_each_durable_modes_mean_stall_and_lag():
+    records = [stall.save_record("plain", 0, save("a", 0, 0.1, None)),
+               *(stall.save_record("commit", 0, save(t, 0, s, s + 0.5)) for t, s in (("a", 1.0), ("b", 3.0)))]
+    rows = stall.interval_rows(records, mtbf=3600.0 * 10, restart=60.0)
+    assert [r["mode"] for r in rows] == ["commit"]  # plain is never durable: no interval
+    assert rows[0]["mean stall per save s"] == 2.0 and rows[0]["durable lag s"] == 0.5
+    assert rows[0]["optimum interval s"] == round((2 * 2.0 * 36000) ** 0.5, 1)
+    answer = stall.interval_answer(records, 10_000, 1024)
+    assert "to 4,096 GPUs" in answer and "commit from" in answer and "(0.50x)" in answer
 
 
 def test_overlap_sentence_says_slower_only_beyond_the_tolerance():

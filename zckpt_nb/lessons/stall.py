@@ -14,6 +14,7 @@ from statistics import median
 from typing import Any
 
 from zckpt_nb.errors import LaunchError, UsageError
+from zckpt_nb.plan.interval import Loss, loss_curve, lost_fraction, optimal_interval
 from zckpt_nb.run.launch import RunResult, fresh_dir, launch
 
 SAVE_MODES = ("plain", "commit", "async", "ds_python", "ds_decoupled", "ds_fast")  # ds_*: `zckpt_nb.saving.engines`
@@ -43,37 +44,38 @@ def run_records(run_dir: str | Path, mode: str) -> list[dict[str, Any]]:
 
 
 def measure_modes(model: str, nproc: int, modes: list[str], out_dir: str | Path, *, steps: int = 8,
-                  save_every: int = 4, progress: bool = False) -> list[dict[str, Any]]:
+                  save_every: int = 4, progress: bool = False, dtype: str = "auto") -> list[dict[str, Any]]:
     """One launch per save mode into OUT_DIR/stall_<mode>; one record per (mode, rank, save)."""
     unknown = [m for m in modes if m not in SAVE_MODES]
     if unknown or not modes:
         raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(SAVE_MODES)}")
     return [r for mode in modes for r in run_records(launch_mode(model, nproc, mode, out_dir, steps=steps,
-                                                                 save_every=save_every, progress=progress), mode)]
+                                                                 save_every=save_every, progress=progress,
+                                                                 dtype=dtype), mode)]
 
 
 def launch_mode(model: str, nproc: int, mode: str, out_dir: str | Path, *, steps: int, save_every: int,
-                progress: bool = False, timeout: float | None = None) -> Path:
+                progress: bool = False, timeout: float | None = None, dtype: str = "auto") -> Path:
     """One training launch with `--save_mode mode` into a fresh OUT_DIR/stall_<mode>; that folder."""
     return launch(nproc, steps, fresh_dir(Path(out_dir) / f"stall_{mode}"), save_every=save_every, model=model,
-                  save_mode=mode, verbose=False, progress=progress, timeout=timeout).output_dir
+                  save_mode=mode, verbose=False, progress=progress, timeout=timeout, dtype=dtype).output_dir
 
 
 def measure_all(model: str, nproc: int, modes: list[str], tries: list[str], out_dir: str | Path, *, steps: int = 8,
-                save_every: int = 4) -> tuple[list[dict[str, Any]], dict[str, str | None]]:
+                save_every: int = 4, dtype: str = "auto") -> tuple[list[dict[str, Any]], dict[str, str | None]]:
     """`measure_modes` for `modes`; then each of `tries` once, bounded: it joins the records if it ran, else its
     error line is kept. Returns (records, {tried mode: None or why it could not run})."""
-    records = measure_modes(model, nproc, modes, out_dir, steps=steps, save_every=save_every)
-    tried = {m: attempt(model, nproc, m, out_dir, steps=steps, save_every=save_every) for m in tries}
+    records = measure_modes(model, nproc, modes, out_dir, steps=steps, save_every=save_every, dtype=dtype)
+    tried = {m: attempt(model, nproc, m, out_dir, steps=steps, save_every=save_every, dtype=dtype) for m in tries}
     records += [r for m, why in tried.items() if why is None for r in run_records(Path(out_dir) / f"stall_{m}", m)]
     return records, tried
 
 
 def attempt(model: str, nproc: int, mode: str, out_dir: str | Path, *, steps: int = 4, save_every: int = 2,
-            timeout: float = 300.0) -> str | None:
+            timeout: float = 300.0, dtype: str = "auto") -> str | None:
     """Run one save mode's launch (bounded by `timeout`); None if it ran, else the line that says why it failed."""
     try:
-        launch_mode(model, nproc, mode, out_dir, steps=steps, save_every=save_every, timeout=timeout)
+        launch_mode(model, nproc, mode, out_dir, steps=steps, save_every=save_every, timeout=timeout, dtype=dtype)
     except LaunchError as e:
         return failure_line(str(e))
     return None
@@ -86,44 +88,74 @@ def failure_line(message: str) -> str:
     return found[-1] if found else message.splitlines()[0]
 
 
+def spread(values: list[float]) -> float:
+    """The median absolute deviation from the median: how far a typical save lies from the typical one."""
+    mid = median(values)
+    return median(abs(v - mid) for v in values)
+
+
+def per_rank_totals(group: list[dict[str, Any]]) -> list[float]:
+    """Each rank's seconds of training stopped by all its saves (later waits, and the wait at the run's end, too)."""
+    return [sum(r["stall_seconds"] for r in group if r["rank"] == rank) for rank in sorted({r["rank"] for r in group})]
+
+
 def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per mode: the median stall and time to durable over its saves and ranks, and its largest snapshot."""
+    """Per mode: the median stall, its spread, the slowest rank's total stall, the median time to durable and the
+    largest snapshot."""
     rows = []
     for mode in dict.fromkeys(r["mode"] for r in records):
         group = [r for r in records if r["mode"] == mode]
         durable = [r["durable_seconds"] for r in group if r["durable_seconds"] is not None]
-        rows.append({"mode": mode, "saves x ranks": len(group),
-                     "median stall s": round(median(r["stall_seconds"] for r in group), 4),
+        stalls = [r["stall_seconds"] for r in group]
+        rows.append({"mode": mode, "saves x ranks": len(group), "median stall s": round(median(stalls), 4),
+                     "stall spread s": round(spread(stalls), 4),
                      "of which a later step waited s": round(median(r["later_wait_seconds"] for r in group), 4),
+                     "total stall, slowest rank s": round(max(per_rank_totals(group)), 4),
                      "median durable s": round(median(durable), 4) if durable else NEVER,
                      "largest snapshot MiB": round(max(r["snapshot_bytes"] for r in group) / 2**20, 2)})
     return rows
 
 
+def ties_with(best: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether two modes' median stalls differ by no more than their two spreads together (noise, not a win)."""
+    return abs(row["median stall s"] - best["median stall s"]) <= best["stall spread s"] + row["stall spread s"]
+
+
 def stall_sentence(rows: list[dict[str, Any]]) -> str:
-    """What the medians say: which mode stops training least, and when each mode's checkpoint is durable."""
+    """What the medians say: which modes stop training least (ties inside the spread named as ties), and when each
+    mode's checkpoint is durable."""
     least = min(rows, key=lambda r: r["median stall s"])
-    parts = [f"{r['mode']} stops training {r['median stall s']:.3f} s per save and "
-             + ("never makes it durable (no fsync)" if r["median durable s"] == NEVER
-                else f"is durable after {r['median durable s']:.3f} s") for r in rows]
+    tied = [r["mode"] for r in rows if r is not least and ties_with(least, r)]
+    parts = [f"{r['mode']} stops training {r['median stall s']:.3f} s per save (spread {r['stall spread s']:.3f} s) "
+             "and " + ("never makes it durable (no fsync)" if r["median durable s"] == NEVER
+                       else f"is durable after {r['median durable s']:.3f} s") for r in rows]
+    verdict = (f"Least stall: {least['mode']}, and no other mode is within the spreads." if not tied else
+               f"Least stall: a tie between {least['mode']} and {', '.join(tied)}: their medians differ by less than "
+               "their spreads together, which is noise on this machine, not a difference between the modes.")
     memory = [f"{r['mode']} holds a {r['largest snapshot MiB']} MiB snapshot per rank until its files are written"
               for r in rows if r["largest snapshot MiB"]]
-    return (f"Medians over every save and rank: {'; '.join(parts)}. Least stall: {least['mode']}."
+    return (f"Medians over every save and rank: {'; '.join(parts)}. {verdict}"
             + "".join(f" The price: {m}." for m in memory))
 
 
 def decoupled_sentence(records: list[dict[str, Any]]) -> str:
-    """Where DeepSpeed's decoupled engine's stall goes: the save call, then a later step waiting for its writer."""
+    """Where DeepSpeed's decoupled engine's stall goes, counted whole: each save call, each later step's wait for its
+    writer, and the wait for the writer at the run's end; against the plain save's total."""
     mine = [r for r in records if r["mode"] == "ds_decoupled"]
     if not mine:
-        return "DeepSpeed's decoupled engine was not among the modes run."
-    call = median(r["stall_seconds"] - r["later_wait_seconds"] for r in mine)
-    wait, total = median(r["later_wait_seconds"] for r in mine), median(r["stall_seconds"] for r in mine)
-    plain = [r["stall_seconds"] for r in records if r["mode"] == "plain"]
-    return (f"DeepSpeed's decoupled engine returned from the save call after a median {call:.3f} s, then a later "
-            f"step waited {wait:.3f} s for its writer process: training stopped {total:.3f} s per save"
-            + (f", {total / median(plain):.2f}x DeepSpeed's plain save" if plain else "")
-            + ", and nothing it wrote was fsynced.")
+        return "DeepSpeed's decoupled engine was not among the modes run (add `ds_decoupled` to `SAVE_MODES`)."
+    last = {r["rank"]: r for r in mine}  # each rank's last save carries the wait at the run's end
+    call = sum(r["stall_seconds"] - r["later_wait_seconds"] for r in mine) / len(last)
+    end = median(r["later_wait_seconds"] for r in last.values())
+    total = max(per_rank_totals(mine))
+    plain = [r for r in records if r["mode"] == "plain"]
+    versus = ""
+    if plain:
+        ratio = total / max(per_rank_totals(plain))
+        versus = f", {ratio:.2f}x the {max(per_rank_totals(plain)):.3f} s DeepSpeed's plain save stopped it"
+    return (f"DeepSpeed's decoupled engine stopped training {total:.3f} s in all on its slowest rank over "
+            f"{len(mine) // len(last)} saves: {call:.3f} s inside the save calls, the rest waiting for its writer "
+            f"process in later steps, {end:.3f} s of it at the run's end{versus}; nothing it wrote was fsynced.")
 
 
 def load_runs(out_dir: str | Path, modes: list[str]) -> dict[str, dict[str, Any]]:
@@ -194,3 +226,59 @@ def overlap_sentence(rows: list[dict[str, Any]], tolerance: float = 0.1) -> str:
                f"within {tolerance:.0%}, so this run shows no slowdown from the overlapping write")
     return (f"While an asynchronous save was being written, a training step took a median {busy:.3f} s against "
             f"{idle:.3f} s otherwise in the same run ({busy / idle:.2f}x): {verdict}.")
+
+
+def save_costs(records: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per mode that makes its checkpoint durable: (mean seconds training stopped per save, median seconds from the
+    end of that stall until durable). The mean, not the median: the calculator needs what saves cost on average."""
+    costs = {}
+    for mode in dict.fromkeys(r["mode"] for r in records):
+        group = [r for r in records if r["mode"] == mode]
+        durable = [r["durable_seconds"] - r["stall_seconds"] for r in group if r["durable_seconds"] is not None]
+        if durable:
+            costs[mode] = (sum(r["stall_seconds"] for r in group) / len(group), max(0.0, median(durable)))
+    return costs
+
+
+def interval_curves(records: list[dict[str, Any]], mtbf: float, restart: float) -> dict[str, list[Loss]]:
+    """Per durable mode: the fraction of time lost against the save interval, from its measured stall and lag."""
+    return {mode: loss_curve(c, mtbf, lag=lag, restart=restart) for mode, (c, lag) in save_costs(records).items()}
+
+
+def interval_rows(records: list[dict[str, Any]], mtbf: float, restart: float) -> list[dict[str, Any]]:
+    """Per durable mode: its measured stall and lag, Young's optimum interval and what is lost there, by cause."""
+    rows = []
+    for mode, (c, lag) in save_costs(records).items():
+        best = lost_fraction(optimal_interval(c, mtbf), c, mtbf, lag=lag, restart=restart)
+        rows.append({"mode": mode, "mean stall per save s": round(c, 4), "durable lag s": round(lag, 4),
+                     "optimum interval s": round(best.interval, 1), "lost at optimum %": round(100 * best.total, 3),
+                     "to saves %": round(100 * best.saves, 3), "to rework %": round(100 * best.rework, 3),
+                     "to restarts %": round(100 * best.restart, 3)})
+    return rows
+
+
+def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, mtbf: float) -> str:
+    """Young's optimum for each durable mode in words, and which loses the least time."""
+    if not rows:
+        return "No mode run here makes its checkpoint durable, so there is no interval to compute."
+    best = min(rows, key=lambda r: r["lost at optimum %"])
+    each = "; ".join(f"{r['mode']} (a {r['mean stall per save s']:.3f} s stall) every {r['optimum interval s']:,.0f} "
+                     f"s, losing {r['lost at optimum %']:.3f}% of the time" for r in rows)
+    causes = {k.split()[1]: best[k] for k in ("to saves %", "to rework %", "to restarts %")}
+    cause = max(causes, key=causes.get)
+    return (f"With one failure every {mtbf / 3600:,.1f} h ({gpu_mtbf_hours:,} h per GPU over {gpus:,} GPUs), "
+            f"Young's optimum sqrt(2 x stall x MTBF) says: save with {each}. The least time is lost with "
+            f"{best['mode']}, and the largest share of it goes to {cause} ({causes[cause]:.3f}% of the time).")
+
+
+def interval_answer(records: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, factor: int = 4) -> str:
+    """The exercise's answer: how each durable mode's optimum interval moves when the GPUs are multiplied by
+    `factor` (the MTBF divided by it)."""
+    moves = []
+    for mode, (c, _) in save_costs(records).items():
+        now, more = (optimal_interval(c, gpu_mtbf_hours * 3600 / g) for g in (gpus, factor * gpus))
+        moves.append(f"{mode} from {now:,.1f} s to {more:,.1f} s ({more / now:.2f}x)")
+    if not moves:
+        return "No mode run here makes its checkpoint durable, so there is no interval to move."
+    return (f"From {gpus:,} to {factor * gpus:,} GPUs the MTBF is {factor}x shorter and the optimum interval moves "
+            f"{'; '.join(moves)}: 1/sqrt({factor}), since the interval grows with the square root of the MTBF.")
