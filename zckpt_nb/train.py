@@ -28,7 +28,7 @@ from zckpt_nb.errors import CheckpointError, CollectiveTimeout, LayoutError, Run
 from zckpt_nb.format.client_state import CLIENT_KEY, client_state
 from zckpt_nb.format.disk import atomic_write
 from zckpt_nb.format.layout import latest_name, rank_files, tag_for, tag_step, writes_folder
-from zckpt_nb.measure.meters import files_under, flush_writes, measure, peak_memory_bytes
+from zckpt_nb.measure.meters import files_under, flush_writes, measure, peak_memory
 from zckpt_nb.model import (
     Preset,
     build_model,
@@ -382,7 +382,7 @@ def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> 
         save_reference(worker.engine, fixed.to(worker.device), opts.output_dir, rank)
     tag = latest_name(opts.output_dir) if len(log.saves) > len(log.failed) else None
     records = gather_rank_records({
-        "rank": rank, "peak_memory_bytes": peak_memory_bytes(worker.device), "save_seconds": log.save_seconds,
+        "rank": rank, **peak_memory(worker.device), "save_seconds": log.save_seconds,
         "saves": log.saves, "step_starts": log.step_starts, "loop_seconds": log.loop_seconds,
         "files": rank_files(opts.output_dir, tag, rank) if tag else [], "held": worker.held,
         "state_dict": placeholders, "save_costs": save_costs,

@@ -2,8 +2,9 @@
 
 For each world size N one training launch saves a partitioned checkpoint and runs the in-training routes asked
 for (16-bit gather, per-parameter gather); the offline routes (zero_to_fp32, HF export) then run on that
-checkpoint in this process. Every figure comes from `measure.meters` (files on disk, RSS or GPU allocator peaks,
-DeepSpeed's comms logger) and sits next to `zckpt_nb.plan.costs.predict` in one record per (mode, N, rank).
+checkpoint in this process. Every figure comes from `measure.meters` (files on disk, host heap and RSS peaks, CUDA
+allocator peaks on GPU ranks, each its own figure; DeepSpeed's comms logger) and sits next to
+`zckpt_nb.plan.costs.predict` in one record per (mode, N, rank).
 Results accumulate in `DIR/compare.json`, so asking again reuses what was already measured.
 """
 
@@ -24,10 +25,11 @@ from zckpt_nb.errors import LaunchStopped, UsageError
 from zckpt_nb.measure.meters import flush_writes
 from zckpt_nb.model import get_preset
 from zckpt_nb.plan.calibration import RESULTS, load_records
-from zckpt_nb.plan.costs import MODE_KEYS, file_bytes, predict, predicted_for
+from zckpt_nb.plan.costs import MODE_KEYS, Prediction, file_bytes, predict, predicted_for
 from zckpt_nb.run.launch import fresh_dir, gpu_count, launch
 
 IN_TRAINING_OPTIONS = {"gathered16": "save_16bit", "per_param": "save_gathered"}  # routes run by the worker
+IN_GPU_RANKS = ("partitioned", *IN_TRAINING_OPTIONS)  # the offline routes run in one CPU process, on any machine
 
 
 def weights_payload(path: Path) -> int:
@@ -88,11 +90,10 @@ def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) ->
     return {"model": model, "mode": cost["mode"], "world_size": n, "rank": cost["rank"],
             "persistence_threshold": threshold, "dtype": run["dtype"],
             **predicted_for(predict(model, n, run["dtype"], threshold), cost["mode"], cost["rank"]),
+            **memory_by_kind(predict(model, n, run["dtype"], threshold), cost, run["device"]),
             **file_sizes(run, cost, shards),
             "measured_bytes": cost["bytes_written"], "measured_payload_bytes": measured_payload(cost, shards),
-            "peak_memory_bytes": cost["peak_memory_bytes"], "extra_peak_bytes": cost["extra_peak_bytes"],
-            # live heap above the start on CPU (RSS hides reused pages), allocator peak on GPU
-            "measured_extra_peak_bytes": cost.get("heap_extra_peak_bytes") or cost["extra_peak_bytes"],
+            "peak_memory_bytes": cost["peak_memory_bytes"], "extra_peak_bytes": cost["extra_peak_bytes"],  # host RSS
             "seconds": cost["seconds"], **save_times(run, cost), "save_mode": run["save_mode"],
             # which machine, and how many cores CPU ranks shared: what a time calibration is fitted per
             "machine": platform.node(), "cpus": os.cpu_count() if run["device"] == "cpu" else None,
@@ -101,6 +102,26 @@ def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) ->
             "protocol_comm_ops": cost.get("protocol_comm_ops", 0),
             "logged_comm_ops": {op: v["count"] for op, v in cost["comm_ops"].items()},
             "logged_comm_op_bytes": {op: v["bytes"] for op, v in cost["comm_ops"].items() if v["bytes"]}}
+
+
+def memory_by_kind(pred: Prediction, cost: dict[str, Any], device: str) -> dict[str, Any]:
+    """A save's extra peak memory, predicted and measured, one kind against the same kind only.
+
+    Host: the cost model's host terms against live heap bytes (RSS hides reused pages; RSS only off glibc). CUDA: on
+    GPU ranks the terms held where the parameters live (`device_terms`: the gather buffers) against CUDA allocated.
+    On CPU ranks every term is host memory. Pinned host bytes (asynchronous snapshots) are kept beside, not compared.
+    """
+    part = getattr(pred, MODE_KEYS[cost["mode"]])
+    terms = part["memory_terms"]["rank 0" if cost["rank"] == 0 else "other ranks"]
+    on_gpu = device.startswith("cuda") and cost["mode"] in IN_GPU_RANKS
+    in_cuda = sum(v for t, v in terms.items() if t in part["device_terms"]) if on_gpu else 0
+    heap = cost.get("heap_extra_peak_bytes")
+    return {"predicted_extra_peak_bytes": sum(terms.values()) - in_cuda,
+            "measured_extra_peak_bytes": cost["extra_peak_bytes"] if heap is None else heap,
+            "measured_memory_kind": "host RSS" if heap is None else "host heap",
+            "predicted_cuda_extra_peak_bytes": in_cuda if on_gpu else None,
+            "measured_cuda_extra_peak_bytes": cost.get("cuda_extra_peak_bytes"),
+            "pinned_host_bytes": cost.get("pinned_host_bytes")}
 
 
 def check_stop(stop: threading.Event | None, what: str) -> None:
@@ -209,26 +230,44 @@ def agreement(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def ratio(measured: int, predicted: int) -> str:
+    """Measured over predicted, or what was measured when nothing was predicted."""
+    return f"{measured / predicted:.2f}" if predicted else f"{measured / 2**20:.2f} MiB (none predicted)"
+
+
 def memory_ratio(r: dict[str, Any]) -> str:
-    """A record's measured extra peak over its predicted one, or what was measured when nothing was predicted."""
-    if not r["predicted_extra_peak_bytes"]:
-        return f"{r['measured_extra_peak_bytes'] / 2**20:.2f} MiB (none predicted)"
-    return f"{r['measured_extra_peak_bytes'] / r['predicted_extra_peak_bytes']:.2f}"
+    """A record's measured extra peak over its predicted one, kind by kind (host; CUDA on GPU ranks)."""
+    host = ratio(r["measured_extra_peak_bytes"], r["predicted_extra_peak_bytes"])
+    if r.get("measured_cuda_extra_peak_bytes") is None:
+        return host
+    return f"host {host}, CUDA {ratio(r['measured_cuda_extra_peak_bytes'], r['predicted_cuda_extra_peak_bytes'])}"
 
 
 def memory_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each (mode, N, rank): the cost model's memory terms beside the measured extra peak, in MiB."""
+    """Each (mode, N, rank): the cost model's memory terms and their kind beside the measured extra peak, in MiB."""
     rows = []
     for r in records:
         pred = getattr(predict(r["model"], r["world_size"], r["dtype"], r["persistence_threshold"]),
                        MODE_KEYS[r["mode"]])
         terms = pred["memory_terms"]["rank 0" if r["rank"] == 0 else "other ranks"]
+        cuda = r.get("predicted_cuda_extra_peak_bytes") is not None
+        kind = {t: "CUDA" if cuda and t in pred["device_terms"] else "host" for t in terms}
         rows.append({"mode": r["mode"], "N": r["world_size"], "rank": r["rank"],
-                     "predicted terms (MiB)": "; ".join(f"{t} {v / 2**20:.2f}" for t, v in terms.items()) or "none",
-                     "predicted MiB": round(r["predicted_extra_peak_bytes"] / 2**20, 2),
-                     "measured MiB": round(r["measured_extra_peak_bytes"] / 2**20, 2),
-                     "measured / predicted": memory_ratio(r)})
+                     "predicted terms (MiB)": "; ".join(f"{t} {v / 2**20:.2f} ({kind[t]})" for t, v in terms.items())
+                                              or "none",
+                     "predicted host MiB": round(r["predicted_extra_peak_bytes"] / 2**20, 2),
+                     f"measured {r.get('measured_memory_kind', 'host heap')} MiB":
+                         round(r["measured_extra_peak_bytes"] / 2**20, 2),
+                     **cuda_columns(r), "measured / predicted": memory_ratio(r)})
     return rows
+
+
+def cuda_columns(r: dict[str, Any]) -> dict[str, float]:
+    """A GPU rank's CUDA allocated extra peak, predicted and measured, in MiB; nothing on CPU ranks."""
+    if r.get("measured_cuda_extra_peak_bytes") is None:
+        return {}
+    return {"predicted CUDA MiB": round((r["predicted_cuda_extra_peak_bytes"] or 0) / 2**20, 2),
+            "measured CUDA allocated MiB": round(r["measured_cuda_extra_peak_bytes"] / 2**20, 2)}
 
 
 def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -241,9 +280,10 @@ def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "collective KiB (pred / logged)": f"{r['predicted_comm_bytes'] / kib:,.1f} / "
                                                f"{(r['logged_comm_bytes'] or 0) / kib:,.1f}",
              "commit protocol's object collectives KiB": round(r.get("protocol_comm_bytes", 0) / kib, 1),
-             "peak RSS MiB": round(r["peak_memory_bytes"] / 2**20, 1),
-             "extra peak MiB (pred / meas)": f"{r['predicted_extra_peak_bytes'] / 2**20:.2f} / "
-                                             f"{r['measured_extra_peak_bytes'] / 2**20:.2f}",
+             "peak host RSS MiB": round(r["peak_memory_bytes"] / 2**20, 1),
+             "extra host peak MiB (pred / meas)": f"{r['predicted_extra_peak_bytes'] / 2**20:.2f} / "
+                                                  f"{r['measured_extra_peak_bytes'] / 2**20:.2f}",
+             **cuda_columns(r),
              "seconds": round(r["seconds"], 3),
              "stall s / durable s": seconds_pair(r.get("stall_seconds"), r.get("durable_seconds"))} for r in records]
 

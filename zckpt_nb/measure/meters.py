@@ -1,4 +1,4 @@
-"""Measure one save: wall time, peak memory while it runs, bytes written, bytes moved by collectives.
+"""Measure one save: wall time, peak memory by kind while it runs, bytes written, bytes moved by collectives.
 
 Nothing here is estimated. Bytes written are read from the files; collective bytes come from DeepSpeed's own comms
 logger (the `"comms_logger"` section of the DeepSpeed config): we snapshot its per-operation totals before and after
@@ -36,13 +36,17 @@ class SaveCost:
     mode: str
     rank: int
     seconds: float
-    peak_memory_bytes: int  # the process's peak while saving: RSS on CPU, allocated accelerator memory on GPU
-    extra_peak_bytes: int  # that peak minus what the process held when the save began
+    # Memory by kind, never mixed: host RSS and host heap on every rank; CUDA allocated and pinned host memory on GPU
+    peak_memory_bytes: int  # host RSS: the process's peak while saving (the kernel's VmHWM)
+    extra_peak_bytes: int  # host RSS: that peak minus what the process held when the save began
     bytes_written: int  # sizes of the files this rank wrote, read from disk
     comm_bytes: int | None  # DeepSpeed's logged message bytes (None: a process group without the logger)
     comm_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {'count', 'bytes', 'max_bytes'}
-    memory_kind: str = "rss"  # "rss" (CPU) or "cuda_allocated"
     heap_extra_peak_bytes: int | None = None  # host heap allocations at their peak, above the start (glibc only)
+    cuda_peak_bytes: int | None = None  # CUDA allocated (torch's allocator) at its peak while saving; None on CPU
+    cuda_extra_peak_bytes: int | None = None  # that peak minus what was allocated when the save began
+    pinned_host_bytes: int | None = None  # pinned host memory torch's caching host allocator holds after the save
+    #                                       (blocks rounded up to a power of two, cached ones included); None on CPU
     bytes_read: int = 0  # size of the checkpoint files a route loads (offline conversion, HF export)
     protocol_comm_ops: int = 0  # the commit protocol's object collectives during the save (not in the comms logger)
     protocol_comm_bytes: int = 0  # their pickled payload, as every rank holds it after the call
@@ -160,6 +164,17 @@ class HostMemory:
         return None if self.baseline_heap is None else int(self.peak_heap - self.baseline_heap)
 
 
+def pinned_host_bytes() -> int:
+    """Pinned host memory torch's caching host allocator holds now, cached blocks included (on a GPU rank).
+
+    Each pinned block is rounded up to a power of two and kept after its tensor is freed, so this can be up to twice
+    the bytes asked for; torch's own counter (`torch.cuda.host_memory_stats`) is read, nothing estimated.
+    """
+    import torch
+
+    return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
+
+
 class PeakCuda:
     """Peak allocated GPU memory while a block runs (torch's counter, reset at the start)."""
 
@@ -253,11 +268,13 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
         seconds = time.perf_counter() - start
     ops = comm_delta(before, comm_counts())
     paths = sorted(set(written()))
-    peak, base = (gpu.peak, gpu.baseline) if on_gpu else (host.peak_rss, host.baseline_rss)
-    return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(peak),
-                    extra_peak_bytes=int(peak - base), bytes_written=sum(p.stat().st_size for p in paths),
+    return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(host.peak_rss),
+                    extra_peak_bytes=int(host.peak_rss - host.baseline_rss),
+                    bytes_written=sum(p.stat().st_size for p in paths),
                     comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
-                    memory_kind="cuda_allocated" if on_gpu else "rss", heap_extra_peak_bytes=host.heap_extra,
+                    heap_extra_peak_bytes=host.heap_extra, cuda_peak_bytes=int(gpu.peak) if on_gpu else None,
+                    cuda_extra_peak_bytes=int(gpu.peak - gpu.baseline) if on_gpu else None,
+                    pinned_host_bytes=pinned_host_bytes() if on_gpu else None,
                     bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in paths],
                     protocol_comm_ops=OBJECT_COLLECTIVES["ops"] - objects["ops"],
                     protocol_comm_bytes=OBJECT_COLLECTIVES["bytes"] - objects["bytes"])
@@ -268,11 +285,11 @@ def files_under(root: str | Path) -> list[Path]:
     return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
 
-def peak_memory_bytes(device: str) -> int:
-    """This rank's peak memory: allocated GPU memory on GPUs, the process's max RSS on CPU."""
-    if device.startswith("cuda"):
-        return device_peak_bytes()
-    return host_peak_bytes()
+def peak_memory(device: str) -> dict[str, int | None]:
+    """This rank's run-wide peaks by kind: host RSS always, CUDA allocated and pinned host bytes on a GPU rank."""
+    on_gpu = device.startswith("cuda")
+    return {"peak_memory_bytes": host_peak_bytes(), "cuda_peak_bytes": device_peak_bytes() if on_gpu else None,
+            "pinned_host_bytes": pinned_host_bytes() if on_gpu else None}
 
 
 def ready_to_time() -> None:

@@ -111,10 +111,14 @@ def with_ops(ops: dict[str, int]) -> dict[str, Any]:
     return {"ops": ops, "comm_bytes_per_rank": sum(ops.values())}
 
 
-def memory(rank0: dict[str, int], others: dict[str, int]) -> dict[str, Any]:
-    """A mode's predicted extra peak memory: its named terms on rank 0 and on the other ranks, and their sums."""
+def memory(rank0: dict[str, int], others: dict[str, int], device: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A mode's predicted extra peak memory: its named terms on rank 0 and on the other ranks, and their sums.
+
+    `device` names the terms held where the parameters live (GPU memory on GPU ranks: the gather buffers); every
+    other term is host memory on any rank (DeepSpeed and route 2 move rank 0's full copy to the CPU).
+    """
     return {"memory_terms": {"rank 0": rank0, "other ranks": others}, "rank0_extra_peak_bytes": sum(rank0.values()),
-            "other_extra_peak_bytes": sum(others.values())}
+            "other_extra_peak_bytes": sum(others.values()), "device_terms": list(device)}
 
 
 def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int = 0) -> Prediction:
@@ -150,12 +154,14 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
                               "broadcast": route1["broadcast_bytes_per_rank"]}),
                   **memory({"full model on rank 0 (param dtype)": b * p,
                             "two buffers of the largest module, gathered": 2 * largest_module},
-                           {"two buffers of the largest module, gathered": 2 * largest_module})},
+                           {"two buffers of the largest module, gathered": 2 * largest_module},
+                           device=("two buffers of the largest module, gathered",))},
         per_param={**route2, "written_bytes": b * p,
                    **with_ops({"all_gather_into_tensor": route2["allgather_bytes_per_rank"]}),
                    **memory({"full model on rank 0 (param dtype)": b * p,
                              "the largest tensor, gathered": largest_tensor},
-                            {"two buffers of the largest tensor, gathered": 2 * largest_tensor})},
+                            {"two buffers of the largest tensor, gathered": 2 * largest_tensor},
+                            device=("the largest tensor, gathered", "two buffers of the largest tensor, gathered"))},
         offline={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **offline_memory},
         # the export streams every tensor from the mapped rank files: no tensor is built in memory
         hf={"read_bytes": write * n, "written_bytes": FP32 * p, **with_ops({}), **memory({}, {})},

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.measure import meters
 from zckpt_nb.saving import commit, faults, rotation, snapshot
 from zckpt_nb.saving.collective import GROUP
 
@@ -39,6 +40,7 @@ class AsyncOutcome(commit.SaveOutcome):
     """A `SaveOutcome` plus the snapshot's size: the host memory this rank held until its files were on disk."""
 
     snapshot_bytes: int = 0
+    pinned_bytes: int | None = None  # pinned host memory held after the snapshot (GPU ranks; see SnapshotWriter)
     durable_at: float | None = None  # time.perf_counter() when the commit was done (in the background thread)
 
 
@@ -49,6 +51,7 @@ class SnapshotWriter(commit.DeferredErrorWriter):
         super().__init__(inner, rank, step)
         self.snapshots: list[tuple[Path, Any]] = []
         self.snapshot_bytes = 0
+        self.pinned_bytes: int | None = None
         self.write_seconds = 0.0
 
     def write(self, state_dict: Any, path: Path) -> None:
@@ -56,6 +59,8 @@ class SnapshotWriter(commit.DeferredErrorWriter):
         copied = snapshot.host_copy(state_dict)
         self.snapshots.append((path, copied))
         self.snapshot_bytes += snapshot.storage_bytes(copied)
+        if snapshot.pins(state_dict):  # torch's pinned pool, rounded up to powers of two: up to 2x snapshot_bytes
+            self.pinned_bytes = meters.pinned_host_bytes()
 
     def write_all(self) -> None:
         """The background thread: each snapshot to its file, hashed and fsynced; the first error is kept."""
@@ -129,7 +134,8 @@ class AsyncSaver:
                                               name=f"zckpt-write-{tag}", daemon=True)
         self.flight.thread.start()
         return AsyncOutcome(tag, step, False, None, snapshot_seconds, {"snapshot": snapshot_seconds},
-                            estimated_bytes=need, snapshot_bytes=writer.snapshot_bytes)
+                            estimated_bytes=need, snapshot_bytes=writer.snapshot_bytes,
+                            pinned_bytes=writer.pinned_bytes)
 
     def poll(self) -> AsyncOutcome | None:
         """At a step boundary: the outcome of the save in flight once its background commit has finished, else None."""
@@ -167,7 +173,8 @@ class AsyncSaver:
         timings = {"write": writer.write_seconds - writer.fsync_seconds,
                    "fsync": writer.fsync_seconds, "hash": writer.hash_seconds, "protocol": end - commit_start}
         outcome = AsyncOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
-                               estimated_bytes=flight.need, snapshot_bytes=writer.snapshot_bytes, durable_at=end)
+                               estimated_bytes=flight.need, snapshot_bytes=writer.snapshot_bytes,
+                               pinned_bytes=writer.pinned_bytes, durable_at=end)
         if outcome.committed and self.keep_last:
 
             rotation.after_commit(self.save_dir, self.keep_last, outcome, node_local)

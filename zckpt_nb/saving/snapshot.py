@@ -10,6 +10,10 @@ On a GPU, deepcopy would copy into GPU memory. So a device tensor is first copie
 available (the copy from the device is then a DMA, faster than into pageable memory), one host storage per device
 storage so sharing survives; deepcopy takes those copies from its memo. torch.save then records their location as
 `cpu`; DeepSpeed's loaders and `zero_to_fp32.py` map every storage to where they need it.
+
+torch's caching host allocator rounds each pinned block up to a power of two and keeps it after the copy is freed, so
+the pinned memory held (`measure.meters.pinned_host_bytes`, recorded as an asynchronous save's `pinned_bytes` beside
+its `snapshot_bytes`) can be up to twice the snapshot's own bytes.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ def to_host(tensor: Any, storages: dict[tuple[str, int], Any]) -> Any:
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(host, requires_grad=tensor.requires_grad)
     return host.requires_grad_(tensor.requires_grad) if tensor.is_leaf else host
+
+
+def pins(state: Any) -> bool:
+    """Whether `host_copy(state)` pins host memory: it does for every CUDA tensor, and only for those."""
+    return any(t.device.type == "cuda" for t in tensors_in(state))
 
 
 def storage_bytes(state: Any) -> int:

@@ -142,7 +142,8 @@ def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
     a.set(title="Bytes written per rank", ylabel="bytes written (KiB)")
     _paired_bars(b, labels, [r["predicted_extra_peak_bytes"] / mib for r in records],
                  [r["measured_extra_peak_bytes"] / mib for r in records], ("predicted", "measured"))
-    b.set(title="Extra memory at the save's peak, per rank", ylabel="extra peak memory (MiB)")
+    kind = records[0].get("measured_memory_kind", "host heap") if records else "host heap"  # never CUDA bytes
+    b.set(title="Extra host memory at the save's peak, per rank", ylabel=f"extra peak {kind} (MiB)")
     _paired_bars(c, labels, [r["seconds"] for r in records], None, ("wall time", ""))
     c.set(title="Time per rank", ylabel="wall time (s)")
     _paired_bars(d, labels, [r["predicted_comm_bytes"] / kib for r in records],

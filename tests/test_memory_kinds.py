@@ -1,0 +1,71 @@
+"""Memory by kind: host RSS, host heap, CUDA allocated and pinned host bytes are separate figures of every save, and
+the cost model is compared only with the kind it predicts."""
+
+import json
+
+import pytest
+
+from zckpt_nb.lessons.compare import memory_by_kind, memory_ratio
+from zckpt_nb.measure.meters import measure
+from zckpt_nb.plan.costs import predict
+from zckpt_nb.run.launch import launch
+from zckpt_nb.saving import snapshot
+
+
+@pytest.mark.fast
+def test_a_cpu_save_records_host_rss_and_heap_and_no_cuda_figures():
+    held = []
+    cost = measure("partitioned", lambda: held.append(bytearray(64 * 2**20)), written=list)
+    assert cost.heap_extra_peak_bytes >= 64 * 2**20  # the host heap saw the allocation
+    assert cost.peak_memory_bytes >= cost.extra_peak_bytes > 0  # host RSS, its own figure
+    assert cost.cuda_peak_bytes is None and cost.cuda_extra_peak_bytes is None and cost.pinned_host_bytes is None
+
+
+def _cost(mode, rank, heap, cuda=None):
+    return {"mode": mode, "rank": rank, "extra_peak_bytes": 3 * heap, "heap_extra_peak_bytes": heap,
+            "cuda_extra_peak_bytes": cuda, "pinned_host_bytes": None}
+
+
+@pytest.mark.fast
+def test_on_cpu_ranks_every_term_is_host_memory():
+    pred = predict("tiny", 2, "fp32")
+    row = memory_by_kind(pred, _cost("gathered16", 0, 10), "cpu")
+    assert row["predicted_extra_peak_bytes"] == pred.gathered["rank0_extra_peak_bytes"]
+    assert row["measured_extra_peak_bytes"] == 10 and row["measured_memory_kind"] == "host heap"
+    assert row["predicted_cuda_extra_peak_bytes"] is None and "CUDA" not in memory_ratio({**row})
+
+
+@pytest.mark.fast
+def test_on_gpu_ranks_gather_buffers_are_compared_with_cuda_allocated_only():
+    pred = predict("tiny", 2, "bf16")
+    terms = pred.gathered["memory_terms"]["rank 0"]
+    buffers = terms["two buffers of the largest module, gathered"]
+    row = memory_by_kind(pred, _cost("gathered16", 0, 10, cuda=buffers), "cuda:0")
+    assert row["predicted_extra_peak_bytes"] == terms["full model on rank 0 (param dtype)"]  # host: rank 0's copy
+    assert row["predicted_cuda_extra_peak_bytes"] == buffers
+    assert row["measured_extra_peak_bytes"] == 10  # the heap, never CUDA bytes
+    assert memory_ratio(row).endswith("CUDA 1.00")
+    offline = memory_by_kind(pred, _cost("offline", 0, 10), "cuda:0")  # one CPU process on any machine
+    assert offline["predicted_cuda_extra_peak_bytes"] is None
+
+
+@pytest.mark.fast
+def test_a_cpu_snapshot_pins_nothing():
+    import torch
+
+    state = {"w": torch.zeros(4), "opt": [torch.ones(2)]}
+    assert not snapshot.pins(state)
+
+
+def test_every_rank_records_each_memory_kind_of_each_save(tmp_path):
+    """Two CPU ranks, two saves (one asynchronous): every save cost and rank record holds each kind on its own."""
+    run = launch(2, 4, tmp_path / "run", save_every=2, save_mode="async", verbose=False, progress=False, timeout=300)
+    costs = run.data["save_costs"]
+    assert {c["rank"] for c in costs} == {0, 1} and len(costs) == 4
+    for c in costs:
+        assert c["peak_memory_bytes"] > 50 * 2**20 and c["heap_extra_peak_bytes"] is not None
+        assert (c["cuda_peak_bytes"], c["cuda_extra_peak_bytes"], c["pinned_host_bytes"]) == (None, None, None)
+    for rank in run.ranks:
+        assert rank["peak_memory_bytes"] > 50 * 2**20 and rank["cuda_peak_bytes"] is None
+        assert all(s["snapshot_bytes"] > 0 and s["pinned_bytes"] is None for s in rank["saves"])
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["ranks"][0]["pinned_host_bytes"] is None
