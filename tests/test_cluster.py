@@ -21,10 +21,14 @@ from zckpt_nb.plan.cluster import (
     default_timeouts,
     filesystem_rows,
     filesystem_sentence,
+    filesystem_table,
     gather_waits,
     pinned_bytes,
     pinned_rows,
     pinned_sentence,
+    pinned_table,
+    slowest_write_within,
+    timeout_answer,
     timeout_sentence,
 )
 from zckpt_nb.plan.costs import predict
@@ -85,3 +89,13 @@ def test_calibration_table_is_readable_and_the_file_holds_every_save(tmp_path):
         assert len(list(csv.DictReader(f))) == len(rows)
     constants = constants_table(machine_constants(rows))
     assert len(constants[0]) == 1 + len({r["machine"] for r in rows})
+
+
+def test_the_timeout_answer_names_the_bandwidth_where_the_write_outlasts_the_default():
+    floor = slowest_write_within("llama-3-8b", 64, 600.0)
+    assert gather_waits("llama-3-8b", 64, Bandwidths(floor, 2.0, 25.0))["rank 0 write s"] == pytest.approx(600.0)
+    timeouts = {"torch, NCCL": 600.0, "torch, other backends": 1800.0}
+    assert timeout_answer("llama-3-8b", 64, floor * 0.9, timeouts).endswith("trips it.")
+    assert timeout_answer("llama-3-8b", 64, floor * 1.1, timeouts).endswith("stays within it.")
+    assert len(filesystem_table(filesystem_rows("gpt2-xl", [1, 2], 8, 5.0, 8.0))[0]) <= 8
+    assert pinned_table(pinned_rows("gpt2-xl", [3]))[0]["rounding adds"].endswith("%")

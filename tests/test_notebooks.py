@@ -16,6 +16,7 @@ from zckpt_nb.lessons import claims, offline, stall
 from zckpt_nb.lessons.compare import MODES, agreement, select
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
 from zckpt_nb.lessons.own_model import max_difference
+from zckpt_nb.plan import cluster
 from zckpt_nb.plan.calibration import load_records
 from zckpt_nb.plan.planning import Bandwidths, plan, verdict
 from zckpt_nb.run.launch import RunResult
@@ -34,7 +35,7 @@ MATRIX = [
     ("08", {"NPROC": 3, "DTYPE": "bf16", "STEPS": 3}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0,
-            "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0}),
+            "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0, "FS_CAP_GBPS": 50.0}),
 ]
 
 
@@ -126,6 +127,14 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     n = get("NODES") * get("GPUS_PER_NODE")
     assert verdict(plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
                             bw) in text
+    answers = [o["data"]["text/markdown"] for c in nb.cells if "answer" in c.metadata.get("tags", [])
+               for o in c.outputs if "text/markdown" in o.get("data", {})]
+    nodes = sorted({max(1, k // get("GPUS_PER_NODE")) for k in get("SIZES")})
+    fs = cluster.filesystem_rows(get("PLAN_CONFIG"), nodes, get("GPUS_PER_NODE"), get("NODE_WRITE_GBPS"),
+                                 get("FS_CAP_GBPS"), get("DTYPE"), get("PERSISTENCE_THRESHOLD"))
+    assert answers[1] == cluster.filesystem_sentence(fs, get("FS_CAP_GBPS"))
+    assert answers[0] == cluster.timeout_answer(get("PLAN_CONFIG"), n, get("WRITE_GBPS"), cluster.default_timeouts(),
+                                                get("DTYPE"))
 
 
 CHECKS = {"01": check_01, "04": check_04, "06": check_06, "07": check_07, "08": check_08, "09": check_09}

@@ -46,8 +46,8 @@ def timeout_sentence(name: str, n: int, waits: dict[str, float], timeouts: dict[
     over = [k for k, t in timeouts.items() if waits["rank 0 write s"] > t]
     return (f"{name} at N = {n}: the gathered 16-bit save spends {seconds(waits['collectives s'])} in collectives "
             f"in all, but a timeout counts one call at a time, and its longest all-gather takes "
-            f"{seconds(waits['longest call s'])}, {waits['longest call s'] / shortest:.2%} of the shortest default "
-            f"({shortest:g} s). The wait that "
+            f"{seconds(waits['longest call s'])}, {shortest / waits['longest call s']:,.0f} times less than the "
+            f"shortest default ({shortest:g} s). The wait that "
             f"counts is rank 0 writing the whole model alone, {seconds(waits['rank 0 write s'])}, which every other "
             "rank spends inside its next collective call: "
             + (f"over the default of {', '.join(f'{k} ({timeouts[k]:g} s)' for k in over)}, so a job on that default "
@@ -85,8 +85,8 @@ def filesystem_sentence(rows: list[dict[str, Any]], cap_gbps: float) -> str:
     first = capped[0]
     return (f"From {first['nodes']} nodes on, the nodes could write {first['uncapped GB/s']:g} GB/s but the "
             f"filesystem takes {cap_gbps:g} GB/s: the save takes {first['capped s']:.3g} s instead of "
-            f"{first['uncapped s']:.3g} s, and adding nodes no longer shortens it (the bytes are the same whatever N, "
-            "so a capped save takes the same time at every larger N).")
+            f"{first['uncapped s']:.3g} s, and adding nodes no longer shortens it (a save writes nearly the same "
+            "bytes at every N).")
 
 
 def pinned_bytes(nbytes: int) -> int:
@@ -117,5 +117,33 @@ def pinned_sentence(rows: list[dict[str, Any]], gpus_per_node: int) -> str:
               else f"from {low} more (N = {best['N']}) to {high} more (N = {worst['N']})")
     return (f"Pinned for a snapshot, a rank's shard is rounded up to powers of two: {spread}. At N = {worst['N']}, "
             f"{worst['shard MiB']:,.0f} MiB of shard reserve {worst['pinned MiB']:,.0f} MiB, and a node of "
-            f"{gpus_per_node} ranks pins "
-            f"{worst['pinned MiB'] * gpus_per_node / 1024:,.1f} GiB of host memory the kernel cannot page out.")
+            f"{gpus_per_node} ranks pins {worst['pinned MiB'] * gpus_per_node / 1024:,.1f} GiB of host memory the "
+            "operating system cannot page out.")
+
+
+def pinned_table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """`pinned_rows` as a person reads them: MiB without decimals, the rounding in %."""
+    return [{"N": f"{r['N']:,}", "shard MiB": f"{r['shard MiB']:,.0f}", "pinned MiB": f"{r['pinned MiB']:,.0f}",
+             "rounding adds": f"{r['rounding']:.0%}"} for r in rows]
+
+
+def filesystem_table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """`filesystem_rows` as a person reads them: GiB, GB/s and s to 3 significant figures."""
+    return [{"nodes": f"{r['nodes']:,}", "N": f"{r['N']:,}", "save GiB": f"{r['save GiB']:,.1f}",
+             "nodes write GB/s": f"{r['uncapped GB/s']:,.0f}", "filesystem takes GB/s": f"{r['aggregate GB/s']:,.0f}",
+             "uncapped s": f"{r['uncapped s']:.3g}", "capped s": f"{r['capped s']:.3g}"} for r in rows]
+
+
+def slowest_write_within(name: str, n: int, timeout_s: float, dtype: str = "bf16") -> float:
+    """The write bandwidth in GB/s below which rank 0's write of a gathered 16-bit save outlasts `timeout_s`."""
+    return predict(name, n, dtype).gathered["written_bytes"] / timeout_s / GB
+
+
+def timeout_answer(name: str, n: int, write_gbps: float, timeouts: dict[str, float], dtype: str = "bf16") -> str:
+    """Whether a gathered save at `write_gbps` trips the shortest default timeout, and the bandwidth where it would."""
+    key = min(timeouts, key=lambda k: timeouts[k])
+    floor = slowest_write_within(name, n, timeouts[key], dtype)
+    return (f"Rank 0 writes {predict(name, n, dtype).gathered['written_bytes'] / GIB:.1f} GiB of {name} alone, so "
+            f"any write bandwidth below {floor:.3g} GB/s outlasts the {key} default of {timeouts[key]:g} s. At "
+            f"WRITE_GBPS = {write_gbps:g} the gathered save "
+            + ("trips it." if write_gbps < floor else "stays within it."))
