@@ -1,4 +1,4 @@
-"""Notebooks 04 and 04: the consolidated routes proven equal, and their costs against the principle's table.
+"""Notebook 04: the consolidated routes proven equal, their costs against the principle's table, the reload checked.
 """
 
 from __future__ import annotations
@@ -11,6 +11,13 @@ from zckpt_nb.format.layout import REFERENCE, WEIGHTS
 from zckpt_nb.lessons.compare import MODES
 
 FP32_BYTES = 4  # the offline route and the export write fp32 masters
+WORKING_ROUTES = ("gathered16", "per_param")  # routes 1-2: the weights the engine computes with, in the run's dtype
+MASTER_ROUTES = ("offline", "hf")  # routes 3-4: the optimizer's fp32 master weights
+
+
+def bytes_per_param(dtype: str) -> int:
+    """Bytes of one working weight in a run's dtype (run.json's `dtype`): 2 for bf16, 4 for fp32."""
+    return 2 if dtype == "bf16" else FP32_BYTES
 
 
 def reference_state_dict(output_dir: str | Path) -> dict[str, Any]:
@@ -96,13 +103,15 @@ def cost_summary(costs: list[dict[str, Any]], num_params: int, param_bytes: int 
     """One row per route: rank 0 against the other ranks, and bytes moved or written against the full model.
 
     "all-gathered" adds every rank's logged slice, i.e. the bytes each rank ends up receiving once assembled;
-    "broadcast" is rank 0's logged tensor bytes. Both are divided by the full model, P x `param_bytes`.
+    "broadcast" is rank 0's logged tensor bytes. Both are divided by the full model the route moves: P x
+    `param_bytes` (the run's working dtype, `bytes_per_param`) for the in-job routes, P x 4 for the fp32 masters.
     """
-    full, rows, m = num_params * param_bytes, [], 2**20
+    rows, m = [], 2**20
     for mode in MODES:
         by_rank = last_per_rank(costs, mode)
         if not by_rank:
             continue
+        full = num_params * (FP32_BYTES if mode in MASTER_ROUTES else param_bytes)
         r0, others = [by_rank[0]], [c for r, c in by_rank.items() if r != 0]
         rows.append({
             "route": mode, "seconds, rank 0": largest(r0, "seconds"),
@@ -119,6 +128,32 @@ def cost_summary(costs: list[dict[str, Any]], num_params: int, param_bytes: int 
             "collective ops, rank 0": sum(o["count"] for o in r0[0]["comm_ops"].values()),
         })
     return rows
+
+
+# The columns a notebook shows of `cost_summary` (at most 8; the benchmark prints them all), each with its format
+ROUTE_COLUMNS = {"route": "{}", "seconds, rank 0": "{:.3f}", "extra heap MiB, rank 0": "{:.1f}",
+                 "extra heap MiB, other ranks": "{:.1f}", "written MiB, rank 0": "{:.2f}", "read MiB": "{:.2f}",
+                 "all-gathered / model": "{:.2f}", "broadcast / model": "{:.2f}"}
+
+
+def route_table(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`cost_summary`'s rows narrowed to `ROUTE_COLUMNS`, one number format per column, for display."""
+    return [{k: "-" if r[k] == "-" else v.format(r[k]) for k, v in ROUTE_COLUMNS.items()} for r in summary]
+
+
+def offline_costs(ckpt_dir: str | Path, out_root: str | Path) -> tuple[Any, Any]:
+    """Routes 3 and 4 run and measured in this process (OUT_ROOT/offline, OUT_ROOT/hf), DeepSpeed's progress
+    lines and bars kept off the notebook (they describe its loop, not the result)."""
+    import contextlib
+    import io
+
+    from zckpt_nb.convert.export import measure_export
+    from zckpt_nb.convert.zero_to_fp32 import measure_offline
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        offline = measure_offline(ckpt_dir, Path(out_root) / "offline")
+        hf = measure_export(ckpt_dir, Path(out_root) / "hf", overwrite=True)
+    return offline, hf
 
 
 def mib(n: float) -> str:
@@ -160,7 +195,7 @@ def seed_vs_measured(costs: list[dict[str, Any]], num_params: int, param_bytes: 
         by_rank = last_per_rank(costs, mode)
         if not by_rank:
             continue
-        full = num_params * (param_bytes if mode in ("gathered16", "per_param") else FP32_BYTES)
+        full = num_params * (param_bytes if mode in WORKING_ROUTES else FP32_BYTES)
         got = (partitioned_line(by_rank, num_params) if mode == "partitioned"
                else gathered_line(by_rank, full) if mode in ("gathered16", "per_param")
                else offline_line(by_rank[0]))
@@ -243,3 +278,138 @@ def cost_rows(costs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                      "collective bytes (KiB)": "not logged" if comm is None else round(comm / 2**10, 1),
                      "collective ops": sum(o["count"] for o in c.get("comm_ops", {}).values())})
     return rows
+
+
+def proof_rows(reference: dict[str, Any], outputs: dict[str, str | Path], dtype: str) -> list[dict[str, Any]]:
+    """Each route against the weights it must hold, `reference` being the engine's working weights
+    (`reference_state_dict`): routes 1-2 as stored; routes 3-4 hold the fp32 masters, which in a bf16 run are
+    compared after rounding to bf16 (DeepSpeed makes the working weights that way after every step)."""
+    import torch
+
+    rows = []
+    for route, path in outputs.items():
+        weights = load_weights(path)
+        rounded = dtype == "bf16" and route in MASTER_ROUTES
+        result = compare_weights({n: t.to(torch.bfloat16) for n, t in weights.items()} if rounded else weights,
+                                 reference)
+        stored = sorted({str(t.dtype).removeprefix("torch.") for t in weights.values()})
+        rows.append({"route": route,
+                     "holds": "fp32 masters" if route in MASTER_ROUTES else f"{dtype} working weights",
+                     "dtype in file": ", ".join(stored),
+                     "compared with": f"engine's {dtype} weights" + (", masters rounded to bf16" if rounded else ""),
+                     "tensors": result["tensors"], "missing": len(result["missing"]),
+                     "max abs difference as stored": f"{compare_weights(weights, reference)['max_abs_diff']:.1e}",
+                     "equal": "yes" if result["exact"] else "NO"})
+    return rows
+
+
+def proof_sentence(rows: list[dict[str, Any]], dtype: str) -> str:
+    """What the proof table says, in one or two sentences."""
+    equal = [r["route"] for r in rows if r["equal"] == "yes"]
+    differ = [r for r in rows if float(r["max abs difference as stored"]) > 0]
+    text = (f"{len(equal)} of {len(rows)} routes hold bit for bit the weights they should "
+            f"({', '.join(equal) or 'none'}).")
+    if differ:
+        text += (" As stored, " + ", ".join(f"{r['route']} differs from the engine's {dtype} weights by up to "
+                                           f"{r['max abs difference as stored']}" for r in differ)
+                 + ": the fp32 masters carry the bits bf16 rounds away, so an fp32 export is slightly more than the"
+                 " model the engine ran.")
+    return text
+
+
+def file_bytes_per_param(outputs: dict[str, str | Path], num_params: int) -> dict[str, float]:
+    """Bytes per parameter of each route's weight files on disk (tied weights stored once count once)."""
+    sizes = {}
+    for route, path in outputs.items():
+        files = [Path(path)] if Path(path).is_file() else [p for p in Path(path).iterdir() if p.suffix in
+                                                           (".bin", ".safetensors")]
+        sizes[route] = sum(f.stat().st_size for f in files) / num_params
+    return sizes
+
+
+def dtype_answer(rows: list[dict[str, Any]], outputs: dict[str, str | Path], num_params: int, dtype: str) -> str:
+    """Exercise: what DTYPE changes in the consolidated files and in the proof, from the run's files."""
+    per = file_bytes_per_param(outputs, num_params)
+    equal = sum(r["equal"] == "yes" for r in rows)
+    as_stored = sum(float(r["max abs difference as stored"]) == 0 for r in rows)
+    return (f"In this {dtype} run route 1's file holds {per['gathered16']:.2f} bytes per parameter and route 2's "
+            f"{per['per_param']:.2f} (the working weights), zero_to_fp32's {per['offline']:.2f} and the export's "
+            f"{per['hf']:.2f} (the fp32 masters). {as_stored} of {len(rows)} routes equal the engine's weights as "
+            f"stored, {equal} of {len(rows)} once the masters are rounded to the run's dtype.")
+
+
+def world_size_answer(summary: list[dict[str, Any]], world_size: int, num_params: int, param_bytes: int) -> str:
+    """Exercise: what N changes: the partitioned files shrink as 1/N, a consolidated copy stays the whole model."""
+    by = {r["route"]: r for r in summary}
+    return (f"With N = {world_size}, rank 0 wrote {by['partitioned']['written MiB, rank 0']} MiB in the partitioned "
+            f"save (its 1/N share of the fp32 weights and Adam's moments), while route 2 wrote "
+            f"{by['per_param']['written MiB, rank 0']} MiB on rank 0: the whole model ({mib(num_params * param_bytes)}"
+            " of working weights), whatever N.")
+
+
+def principle_sentences(costs: list[dict[str, Any]], summary: list[dict[str, Any]]) -> list[str]:
+    """Where the principle's table is right and where it is imprecise, from this run's records."""
+    by, logged = {r["route"]: r for r in summary}, last_per_rank(costs, "partitioned")[0]["comm_bytes"]
+    part, g16, pp = by["partitioned"], by["gathered16"], by["per_param"]
+    moved = "no weights (all-gathered 0.00 x the model)" if part["all-gathered / model"] < 0.01 else (
+        f"all-gathered {part['all-gathered / model']:.2f} x the model")
+    offline = {m: last_per_rank(costs, m)[0] for m in MASTER_ROUTES if m in by}
+    return [
+        f"**Partitioned save, \"None (each rank saves locally)\"**: each rank wrote its own share, and rank 0's "
+        f"collectives inside `save_checkpoint` moved {logged:,} B: {moved}. "
+        + ("Right about the weights; the few bytes are DeepSpeed's own checks." if part["all-gathered / model"] < 0.01
+           else "Imprecise: the save is not free of communication."),
+        f"**Consolidated save, \"Full P on rank 0, all-gather across N ranks\"**: route 2 wrote "
+        f"{pp['written MiB, rank 0']} MiB on rank 0 and all-gathered {pp['all-gathered / model']:.2f} x the model"
+        + (" (parameters kept whole by `stage3_param_persistence_threshold` need no gather)"
+           if pp["all-gathered / model"] < 0.99 else "")
+        + f"; route 1 all-gathered {g16['all-gathered / model']:.2f} x and broadcast {g16['broadcast / model']:.2f} x"
+        + (": a second cost the table does not name (DeepSpeed 0.19.8 broadcasts every gathered tensor back from "
+           "rank 0)." if g16["broadcast / model"] > 0 else "."),
+        "**It puts the offline conversion and the export under \"all-gather\"**: they logged "
+        + " and ".join(f"{c['comm_bytes'] or 0:,} B ({m})" for m, c in offline.items())
+        + " of collectives and need no process group; they read every rank's shard instead, optimizer state "
+          f"included ({mib(max((c.get('bytes_read') or 0 for c in offline.values()), default=0))}).",
+    ]
+
+
+LOGIT_TOLERANCE = {"fp32": 1e-5, "bf16": 2.0**-6}  # bf16: 8 significant bits, relative to the largest logit
+
+
+def logits_check(model_dir: str | Path, reference: str | Path, dtype: str) -> dict[str, Any]:
+    """The export loaded with transformers alone, cast to the run's dtype, against the engine's logits on the
+    engine's batch (like with like); tolerance absolute in fp32, relative to the largest logit in bf16."""
+    import torch
+
+    from zckpt_nb.convert.export import load_model, logits
+
+    ref = torch.load(reference, map_location="cpu", weights_only=True)
+    model = load_model(model_dir)
+    out = logits(model.to(torch.bfloat16) if dtype == "bf16" else model, ref["input_ids"]).float()
+    diff = float((out - ref["logits"]).abs().max())
+    tolerance = LOGIT_TOLERANCE[dtype] * (float(ref["logits"].abs().max()) if dtype == "bf16" else 1.0)
+    return {"dtype": dtype, "max_abs_diff": diff, "tolerance": tolerance, "within": diff <= tolerance,
+            "logits": out, "reference": ref["logits"]}
+
+
+def logits_sentence(check: dict[str, Any]) -> str:
+    """The logits check in one sentence, with the tolerance the dtype can meet and why."""
+    why = ("fp32 on both sides: only the order of additions differs" if check["dtype"] == "fp32" else
+           "bf16 keeps 8 significant bits, so two forward passes that round in different places differ by a few "
+           "units of the last bit of the largest logit")
+    return (f"The reloaded model, in {check['dtype']} like the engine, gives logits within "
+            f"{check['max_abs_diff']:.1e} of the engine's on the same batch, "
+            f"{'inside' if check['within'] else 'OUTSIDE'} the tolerance of {check['tolerance']:.1e} ({why}).")
+
+
+def export_memory_sentence(heap_extra: int | None, rows: list[dict[str, Any]], model_bytes: int) -> str:
+    """The claim 'the export needs a few MiB whatever the model' against the heap and RSS this run measured."""
+    export = [r for r in rows if r["route"] == "export"]
+    rss = max(r["above baseline MiB"] for r in export)
+    heap = (heap_extra or 0) / 2**20
+    model = model_bytes / 2**20
+    return (f"The export's heap rose {heap:.1f} MiB ({heap / model:.2f} x the {model:.1f} MiB model): it builds "
+            f"{'no tensor' if heap < 0.25 * model else 'tensors'} in memory. Its resident memory rose {rss} MiB above "
+            f"the baseline ({rss / model:.2f} x the model): the pages of the rank files it maps count while it "
+            "reads them, so 'a few MiB whatever the model' holds for the allocations"
+            + (" and not for what the operating system sees." if rss > 0.25 * model else " and here for RSS too."))

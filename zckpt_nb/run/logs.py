@@ -27,11 +27,14 @@ def worker_error(err: LaunchError) -> str:
     return lines[0] if lines else str(err).splitlines()[0]
 
 
+WORKER_ERROR = "zckpt_nb.train: error: "  # how the worker prints the one line of a refused or failed job
+EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b")  # a traceback's last line, not its `raise ...` lines
+
+
 def rank_errors(output_dir: str | Path) -> dict[str, str]:
     """The last exception line each rank printed (from DIR/launch.log): what a failed job said, rank by rank."""
-    pattern = re.compile(r"^[\w.]*(Error|Exception)\b")  # a traceback's last line, not its `raise ...` lines
     found = {who: [line.strip() for line in lines] for who, lines in rank_lines(output_dir, last=10**6).items()}
-    return {who: next((line for line in reversed(lines) if pattern.match(line)), "(no exception)")
+    return {who: next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), "(no exception)")
             for who, lines in found.items()}
 
 
@@ -45,3 +48,23 @@ def failure_summary(err: LaunchError, log_path: str | Path | None = None, most: 
     where = f"\n  every rank's output: {log_path}" if log_path else ""
     return str(err).splitlines()[0] + "".join(f"\n  {e}" for e in errors[:most]) + where
 
+
+def rank_error_line(lines: list[str]) -> str:
+    """A rank's own error, out of what it printed: the worker's one-line error, else its last exception line."""
+    mine = [line.strip() for line in lines if WORKER_ERROR in line]
+    if mine:
+        return mine[-1].split(WORKER_ERROR, 1)[1]
+    raised = [line.strip() for line in lines if EXCEPTION_LINE.match(line.strip())]
+    return raised[-1] if raised else "printed no error (stopped from outside: killed, or ended by torchrun)"
+
+
+def failure_report(err: Exception, output_dir: str | Path, width: int = 200) -> str:
+    """A failed job in N + 2 lines: the outcome, each rank's own error line (from DIR/launch.log, cut to `width`),
+    and the path of the full log; what `failure_summary` does, rank by rank, for any failure (timeouts too)."""
+    log = Path(output_dir) / "launch.log"
+    found = rank_lines(output_dir, last=10**6) if log.is_file() else {}
+    lines = [str(err).splitlines()[0]]
+    for who, printed in found.items():
+        line = rank_error_line(printed)
+        lines.append(f"  {who}: {line if len(line) <= width else line[:width - 3] + '...'}")
+    return "\n".join(lines + [f"  every rank's full output: {log}"])
