@@ -28,7 +28,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 def row(n: int, held: int, p: int = 1000, persistent_numel: int = 0, threshold: int = 0) -> dict:
     return {"N": n, "threshold": threshold, "P": p, "held per rank": held, "persistent per rank": persistent_numel,
-            "written per rank": 12 * held, "save collective bytes per rank": 40,
+            "written per rank": 12 * held, "shard bytes per rank": 12 * held, "save collective bytes per rank": 40,
             "save collective ops": "2 x all_reduce"}
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from zckpt_nb.format.layout import RANK_FILE
+
 
 def partition_row(run: Any) -> dict[str, Any]:
     """One run's per-rank figures: parameter elements held, bytes written, the partitioned save's collectives."""
@@ -16,6 +18,8 @@ def partition_row(run: Any) -> dict[str, Any]:
     return {"N": run.world_size, "threshold": run.data["persistence_threshold"], "P": run.num_params,
             "held per rank": max(held), "persistent per rank": max(r["held"]["persistent"] for r in run.ranks),
             "written per rank": max(sum(f["bytes"] for f in r["files"]) for r in run.ranks),
+            "shard bytes per rank": max(sum(f["bytes"] for f in r["files"] if RANK_FILE.search(f["path"]))
+                                        for r in run.ranks),
             "save collective bytes per rank": max((c["comm_bytes"] or 0 for c in saves), default=0),
             "protocol bytes per rank": max((c.get("protocol_comm_bytes", 0) for c in saves), default=0),
             "save collective ops": ", ".join(sorted({f"{o['count']} x {op}" for c in saves
@@ -33,9 +37,11 @@ def scaling_sentence(rows: list[dict[str, Any]]) -> str:
     if len(rows) < 2:
         return (f"Only N = {rows[0]['N']} was measured, so this run shows nothing about how a rank's share changes "
                 "with N: give WORLD_SIZES two or more values.")
-    steps = [f"N = {a['N']} to {b['N']}: held x{b['held per rank'] / a['held per rank']:.3f} (1/N gives "
-             f"x{a['N'] / b['N']:.3f}), written x{b['written per rank'] / a['written per rank']:.3f}"
-             for a, b in zip(rows, rows[1:])]
+    steps = [f"when N went from {a['N']} to {b['N']}, the parameter elements each rank holds fell from "
+             f"{a['held per rank']:,} to {b['held per rank']:,} (1/N alone gives "
+             f"{a['held per rank'] * a['N'] / b['N']:,.0f})"
+             f" and each rank's shard files from {a['shard bytes per rank'] / 2**20:.2f} MiB to "
+             f"{b['shard bytes per rank'] / 2**20:.2f} MiB" for a, b in zip(rows, rows[1:])]
     ok = all(falls_as_one_over_n(a, b) for a, b in zip(rows, rows[1:]))
     verdict = "Each rank's share fell as 1/N" if ok else "Each rank's share did not fall as 1/N everywhere"
     return f"{verdict}: " + "; ".join(steps) + "."
@@ -56,19 +62,20 @@ def whole_model_sentence(rows: list[dict[str, Any]]) -> str:
 
 def save_comm_sentence(rows: list[dict[str, Any]]) -> str:
     """The partitioned save's collective bytes per rank, as DeepSpeed's comms logger recorded them."""
-    return "The partitioned save's collectives per rank (DeepSpeed's comms logger), plus the commit protocol's own " \
-        "object collectives (all_gather_object, broadcast_object_list), which that logger does not see: " + "; ".join(
-        f"N = {r['N']}, threshold {r['threshold']:,}: {r['save collective bytes per rank']:,} B "
-        f"({r['save collective ops']}) + {r.get('protocol bytes per rank', 0):,} B"
-        for r in sorted(rows, key=lambda r: (r["threshold"], r["N"]))) + "."
+    return "DeepSpeed's comms logger recorded, per rank, these collectives during the partitioned save: " + "; ".join(
+        f"{r['save collective bytes per rank']:,} B ({r['save collective ops']}) at N = {r['N']}, threshold "
+        f"{r['threshold']:,}" for r in sorted(rows, key=lambda r: (r["threshold"], r["N"]))) + "."
 
 
 def threshold_sentence(a: dict[str, Any], b: dict[str, Any]) -> str:
     """What changing stage3_param_persistence_threshold from run `a` to run `b` changed, measured."""
-    return (f"At N = {a['N']}, threshold {a['threshold']:,} -> {b['threshold']:,}: elements held per rank "
-            f"{a['held per rank']:,} -> {b['held per rank']:,} ({b['held per rank'] / a['held per rank']:.2f}x), "
-            f"bytes written per rank {a['written per rank']:,} -> {b['written per rank']:,}, the save's collectives "
-            f"{a['save collective bytes per rank']:,} -> {b['save collective bytes per rank']:,} B per rank.")
+    mib = [f"{r['shard bytes per rank'] / 2**20:.2f} MiB" for r in (a, b)]
+    files = f"stayed at {mib[0]}" if mib[0] == mib[1] else f"went from {mib[0]} to {mib[1]}"
+    return (f"At N = {a['N']}, changing the threshold from {a['threshold']:,} to {b['threshold']:,} took the parameter "
+            f"elements each rank holds from {a['held per rank']:,} to {b['held per rank']:,} "
+            f"({b['held per rank'] / a['held per rank']:.2f} times as many) and the save's logged collectives from "
+            f"{a['save collective bytes per rank']:,} to {b['save collective bytes per rank']:,} B per rank, while "
+            f"each rank's shard files {files}: the optimizer state stays partitioned.")
 
 
 def agreement_verdict(rows: list[dict[str, Any]]) -> str:
@@ -110,14 +117,14 @@ def reshard_rows(base: Any, runs: dict[int, Any]) -> list[dict[str, Any]]:
     rows = []
     for world, run in runs.items():
         done = run.data["resharded"]
-        converted = done is not None and not done["reused"]
         diffs = [abs(by_step[s] - loss) for s, loss in zip(run.steps, run.losses) if s in by_step]
         rows.append({"resumed on N": world, "saved by N": done["source_world_size"] if done else base.world_size,
-                     "loaded from": "universal copy" if done else "the checkpoint itself",
+                     "loaded from": ("the checkpoint itself" if not done else "a universal copy it made"
+                                     if not done["reused"] else "a universal copy it was given"),
                      "accumulation steps": run.data["gradient_accumulation_steps"],
-                     "conversion (s)": round(done["conversion"]["seconds"], 2) if converted else 0.0,
-                     "conversion peak RSS (MiB)": round(done["conversion"]["peak_rss_bytes"] / 2**20) if converted
-                     else 0, "steps compared": len(diffs), "max |loss difference|": max(diffs, default=float("nan"))})
+                     "conversion (s)": round(done["conversion"]["seconds"], 2) if done else 0.0,
+                     "conversion peak RSS (MiB)": round(done["conversion"]["peak_rss_bytes"] / 2**20) if done else 0,
+                     "steps compared": len(diffs), "max |loss difference|": max(diffs, default=float("nan"))})
     return rows
 
 

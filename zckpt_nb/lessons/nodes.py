@@ -15,18 +15,19 @@ from zckpt_nb.run.launch import free_port, launch
 from zckpt_nb.run.nodes import Nodes
 
 
-def simulate(layouts: dict[str, list[str | Path]], steps: int, **launch_kw: Any) -> dict[str, list[Any]]:
-    """Notebook 07: per layout (name -> one folder per node), one launch per folder as the nodes of one job on this
-    machine (127.0.0.1); every node of every layout started at once (`together`).
+def simulate(layouts: dict[str, tuple[list[Path], dict[str, Any]]], steps: int,
+             **launch_kw: Any) -> dict[str, list[Any]]:
+    """Notebook 07: per layout (name -> (one folder per node, its own launch options)), one launch per folder as the
+    nodes of one job on this machine (127.0.0.1); every node of every layout started at once (`together`).
 
     Returns, per layout and node, its `RunResult`, or the failed launch's `LaunchError`; each launch has its own
     timeout."""
     ports = {name: free_port() for name in layouts}
     calls = {(name, k): partial(launch, 1, steps, folder, nodes=Nodes(len(dirs), k, master_port=ports[name]),
-                                **launch_kw)
-             for name, dirs in layouts.items() for k, folder in enumerate(dirs)}
+                                **options, **launch_kw)
+             for name, (dirs, options) in layouts.items() for k, folder in enumerate(dirs)}
     results = together(calls)
-    return {name: [results[name, k] for k in range(len(dirs))] for name, dirs in layouts.items()}
+    return {name: [results[name, k] for k in range(len(dirs))] for name, (dirs, _) in layouts.items()}
 
 
 def folder_rows(dirs: list[str | Path]) -> list[dict[str, Any]]:

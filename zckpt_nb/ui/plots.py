@@ -47,7 +47,7 @@ def plot_shard_bytes(info: CheckpointInfo, *, title: str, caption: str) -> Figur
         ax.bar(ranks, sizes, bottom=bottom, label=kind.replace("_", " "))
         bottom = [b + s for b, s in zip(bottom, sizes)]
     ax.set(title=title, xlabel="rank", ylabel="bytes written (MiB)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, never over them
     return add_caption(fig, caption)
 
 
@@ -59,7 +59,7 @@ def plot_partition_numel(infos: Sequence[CheckpointInfo], *, title: str, caption
         ax.bar(xs, [s.partition_numel for s in info.ranks], label=f"N = {info.world_size}")
         ax.hlines(info.num_params / info.world_size, xs[0], xs[-1], colors="black", linestyles=":")
     ax.set(title=title, xlabel="world size and rank", ylabel="parameter elements held (count)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     return add_caption(fig, caption)
 
 
@@ -236,7 +236,7 @@ def plot_bytes_by_kind(parts: dict[str, dict[str, int]], *, title: str, caption:
         ax.bar(list(parts), sizes, bottom=bottom, label=kind)
         bottom = [b + s for b, s in zip(bottom, sizes)]
     ax.set(title=title, xlabel="checkpoint layout", ylabel="bytes on disk (MiB)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return add_caption(fig, caption)
 
 
