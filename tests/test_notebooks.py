@@ -11,11 +11,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.format.layout import tag_for
-from zckpt_nb.lessons import claims, offline, stall
+from zckpt_nb.lessons import claims, offline, partitions, stall, worlds
 from zckpt_nb.lessons.compare import MODES, agreement, select
+from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
 from zckpt_nb.lessons.own_model import max_difference
+from zckpt_nb.model import get_preset
 from zckpt_nb.plan import cluster
 from zckpt_nb.plan.calibration import load_records
 from zckpt_nb.plan.planning import Bandwidths, plan, verdict
@@ -25,13 +28,14 @@ NOTEBOOKS = notebook_paths(Path(__file__).resolve().parents[1] / "notebooks")
 BY_PREFIX = {p.name[:2]: p for p in NOTEBOOKS}
 # A learner's parameters: odd and single world sizes, DeepSpeed's default persistence threshold, other presets' knobs.
 MATRIX = [
-    ("01", {"WORLD_SIZES": [1], "PERSISTENCE_THRESHOLD": 100_000, "OTHER_THRESHOLD": 0}),
+    ("01", {"WORLD_SIZES": [1, 3], "THRESHOLD_NPROC": 3, "PERSISTENCE_THRESHOLD": 100_000, "OTHER_THRESHOLD": 0,
+            "DTYPE": "bf16"}),
     ("02", {"NPROC": 3, "STEPS": 40, "SAVE_EVERY": 20, "RESUME_STEP": 20}),
     ("04", {"NPROC": 3, "MODEL": "tiny", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
     ("05", {"NPROC": 1}),
     ("06", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
-            "NODE_STEPS": 4}),
+            "NODE_STEPS": 2}),
     ("08", {"NPROC": 3, "DTYPE": "bf16", "STEPS": 3}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0,
@@ -67,9 +71,14 @@ def markdown_outputs(nb: nbformat.NotebookNode) -> str:
 
 def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 01's verdicts equal the ones its own measurements give."""
-    text = markdown_outputs(nb)
-    rows = [claims.partition_row(RunResult.from_dir(d, [], 0.0)) for d in sorted(runs.glob("n*"))]
+    text, dtype = markdown_outputs(nb), {**parameter_defaults(BY_PREFIX["01"]), **parameters}["DTYPE"]
+    dirs = sorted(runs.glob("n*"), key=lambda d: int(d.name[1:]))
+    rows = [claims.partition_row(RunResult.from_dir(d, [], 0.0)) for d in dirs]
+    infos = [inspect_checkpoint(d) for d in dirs]
     assert claims.scaling_sentence(rows) in text
+    assert partitions.padding_answer(infos) in text and partitions.threshold_answer(rows) in text
+    assert partitions.dtype_answer(infos[-1], dtype) in text and f"In {dtype}, rank" in text
+    assert partitions.prediction_sentence(infos, "tiny", rows[0]["threshold"], dtype) in text
 
 
 def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
@@ -105,7 +114,11 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     base = RunResult.from_dir(runs / "uninterrupted", [], 0.0)
     resumed = {int(d.name.rsplit("_", 1)[1]): RunResult.from_dir(d, [], 0.0)
                for d in sorted(runs.glob("resumed_on_*"))}
-    assert claims.reshard_sentence(claims.reshard_rows(base, resumed)) in text
+    rows = claims.reshard_rows(base, resumed)
+    assert claims.reshard_sentence(rows) in text
+    assert worlds.batch_answer(rows, base.data["global_batch"], get_preset("tiny").micro_batch) in text
+    local = sorted(runs.glob("node*"))
+    assert len(local) == parameters.get("NODES", 2) and worlds.nodes_answer(folder_rows(local)) in text
     assert all(r.data["global_batch"] == parameters.get("GLOBAL_BATCH", 16) for r in [base, *resumed.values()])
 
 
