@@ -262,6 +262,28 @@ def add_checkpoint_commands(sub: Any) -> None:
     col.set_defaults(func=cmd_collect)
 
 
+def cmd_to_dcp(args: argparse.Namespace) -> int:
+    from zckpt_nb.convert.dcp import describe_to_dcp, to_dcp
+
+    try:
+        manifest = to_dcp(args.ckpt_dir, args.out_dir, args.tag)
+    except CheckpointError as e:
+        print(f"zckpt_nb to-dcp: bad checkpoint: {e}", file=sys.stderr)
+        return 1
+    print(describe_to_dcp(manifest))
+    return 0
+
+
+def add_dcp_commands(sub: Any) -> None:
+    """Leaving and joining DeepSpeed: ZeRO-3 to PyTorch DCP (FSDP2) with the optimizer, and back."""
+    out = sub.add_parser("to-dcp", help="a ZeRO-3 checkpoint as a PyTorch DCP checkpoint with its AdamW state, which "
+                                        "FSDP2 loads on any number of ranks")
+    out.add_argument("ckpt_dir")
+    out.add_argument("out_dir", help="a new or empty folder (or an earlier to-dcp output, replaced)")
+    out.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
+    out.set_defaults(func=cmd_to_dcp)
+
+
 def add_costs(sub: Any) -> None:
     from zckpt_nb.model import PRESETS, shipped_configs
 
@@ -341,14 +363,15 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command's parser: training, the checkpoint tools, planning, export, the lessons' own."""
     parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (add_train, add_checkpoint_commands, add_costs, add_export_commands, add_lesson_commands):
+    for add in (add_train, add_checkpoint_commands, add_dcp_commands, add_costs, add_export_commands,
+                add_lesson_commands):
         add(sub)
     return parser
 
 
 # Commands that read or convert files in this process and never use an accelerator: DeepSpeed is told so (it then
 # prints no "Setting accelerator to CPU" warning into their output). train and compare launch ranks on GPUs if any.
-OFFLINE = ("adopt", "inspect", "verify", "reshard", "collect", "export", "generate", "costs")
+OFFLINE = ("adopt", "inspect", "verify", "reshard", "collect", "export", "generate", "costs", "to-dcp", "from-dcp")
 
 
 def main(argv: list[str] | None = None) -> int:

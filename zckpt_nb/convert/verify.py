@@ -132,12 +132,12 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
     return manifest
 
 
-def verify_universal(folder: str | Path) -> dict[str, Any]:
-    """Check a universal copy (`zckpt_nb.convert.reshard`) against its manifest: every file, size and SHA-256."""
+def verify_universal(folder: str | Path, kind: str = "universal") -> dict[str, Any]:
+    """Check a converted folder (universal copy, DCP checkpoint) against its manifest: every file, size and SHA-256."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    if manifest.get("kind") != "universal":
-        raise CheckpointError(f"{folder / MANIFEST} is not the manifest of a universal checkpoint")
+    if manifest.get("kind") != kind:
+        raise CheckpointError(f"{folder / MANIFEST} is not the manifest of a {kind} checkpoint")
     check_paths(folder, manifest["files"], folder / MANIFEST, nested=True)
     paths = [check_file(folder, entry) for entry in manifest["files"]]
     check_hashes([(path, entry["sha256"]) for path, entry in zip(paths, manifest["files"])])

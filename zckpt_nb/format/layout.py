@@ -85,6 +85,8 @@ def universal_dir(ckpt_dir: str | Path, tag: str) -> Path:
 
 WEIGHTS = "pytorch_model.bin"  # the file name routes 1-3 write, as DeepSpeed and transformers name it
 
+DCP_KIND = "dcp"  # the manifest kind of a PyTorch DCP checkpoint converted from ZeRO-3 (convert.dcp)
+
 
 REFERENCE = "reference"  # folder of the independent reference the tests and notebooks compare against
 
