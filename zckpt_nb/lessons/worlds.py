@@ -45,3 +45,13 @@ def nodes_answer(rows: list[dict[str, Any]]) -> str:
         f"{r['folder']} holds the files of rank(s) {r['ranks whose files it holds']}, and its manifest lists "
         f"{r['files its manifest lists']} files, {r['of them on other nodes']} of them on other nodes" for r in rows)
         + ".")
+
+
+def loss_differences(base: Any, runs: dict[int, Any], floor: float = 1e-9) -> dict[str, tuple[list[int], list[float]]]:
+    """Per resumed run, |its loss - the uninterrupted run's| at each step both logged, raised to `floor` so that an
+    exact match still shows on a log scale."""
+    by_step = dict(zip(base.steps, base.losses))
+    return {f"resumed on {n} rank(s)": ([s for s in run.steps if s in by_step],
+                                        [max(abs(loss - by_step[s]), floor) for s, loss in zip(run.steps, run.losses)
+                                         if s in by_step])
+            for n, run in runs.items()}
