@@ -13,14 +13,15 @@ import pytest
 
 from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.format.layout import tag_for
-from zckpt_nb.lessons import claims, offline, partitions, stall, worlds
-from zckpt_nb.lessons.compare import MODES, agreement, select
+from zckpt_nb.lessons import claims, offline, partitions, save_modes, stall, worlds
+from zckpt_nb.lessons.compare import agreement, select
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
 from zckpt_nb.lessons.own_model import max_difference
 from zckpt_nb.model import get_preset
 from zckpt_nb.plan import cluster
 from zckpt_nb.plan.calibration import load_records
+from zckpt_nb.plan.interval import job_mtbf_seconds
 from zckpt_nb.plan.planning import Bandwidths, plan, verdict
 from zckpt_nb.run.launch import RunResult
 
@@ -33,7 +34,8 @@ MATRIX = [
     ("02", {"NPROC": 3, "STEPS": 40, "SAVE_EVERY": 20, "RESUME_STEP": 20}),
     ("04", {"NPROC": 3, "MODEL": "tiny", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
     ("05", {"NPROC": 1}),
-    ("06", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"]}),
+    ("06", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"],
+            "DTYPE": "bf16", "SAVE_MODES": ["plain", "ds_decoupled"], "CLUSTER_GPUS": 4096}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
             "NODE_STEPS": 2}),
     ("08", {"NPROC": 3, "DTYPE": "bf16", "STEPS": 3}),
@@ -93,19 +95,26 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
 
 def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
-    """Notebook 06's verdicts equal the ones its own measurements give."""
+    """Notebook 06's verdicts and its exercises' answers equal the ones its own measurements give."""
     text = markdown_outputs(nb)
-    sizes, threshold = parameters.get("WORLD_SIZES", [1, 2]), parameters.get("PERSISTENCE_THRESHOLD", 0)
-    modes = parameters.get("MODES", list(MODES))
-    records = select(load_records(runs), "tiny", sizes, modes, threshold)
+    get = {**parameter_defaults(BY_PREFIX["06"]), **parameters}.get
+    records = select(load_records(runs), get("MODEL"), get("WORLD_SIZES"), get("MODES"), get("PERSISTENCE_THRESHOLD"))
+    assert {r["dtype"] for r in records} == {get("DTYPE")}
     assert claims.agreement_verdict(agreement(records)) in text
-    modes = {**parameter_defaults(BY_PREFIX["06"]), **parameters}["SAVE_MODES"]
+    assert save_modes.memory_agreement(records) in text and save_modes.principle_sentence(records) in text
+    assert claims.comm_ranking(records) in text  # exercise 3
+    modes = get("SAVE_MODES")
     saves = [r for m in modes for r in stall.run_records(runs / f"stall_{m}", m)]
     assert stall.stall_sentence(stall.summary(saves)) in text
-    assert stall.decoupled_sentence(saves) in text
+    assert stall.decoupled_sentence(saves) in text  # exercise 2
     loaded = stall.load_runs(runs, modes)
+    assert {run["dtype"] for run in loaded.values()} == {get("DTYPE")}
     assert stall.memory_sentence(stall.memory_rows(loaded)) in text
     assert stall.overlap_sentence(stall.step_rows(loaded)) in text
+    hours, gpus = get("GPU_MTBF_HOURS"), get("CLUSTER_GPUS")
+    mtbf = job_mtbf_seconds(hours, gpus)
+    assert stall.interval_sentence(stall.interval_rows(saves, mtbf, get("RESTART_S")), hours, gpus, mtbf) in text
+    assert stall.interval_answer(saves, hours, gpus) in text  # exercise 1
 
 
 def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
