@@ -34,8 +34,9 @@ def principle_sentence(records: list[dict[str, Any]]) -> str:
         moved = r["logged_comm_bytes"] or 0
         parts.append("a partitioned save needs no communication: " + (
             "confirmed, rank 0 logged none" if not moved else
-            f"imprecise, rank 0 logged {moved:,} B in DeepSpeed's collectives ({ops_named(r)}): a check that every "
-            "rank saves the same tag, tiny but a collective all ranks must reach"))
+            f"imprecise, rank 0 logged {moved:,} B in DeepSpeed's collectives during it ({ops_named(r)}; the cost "
+            f"model predicted {r['predicted_comm_bytes']:,} B): every rank must reach them, so even this save waits "
+            "for all ranks"))
     for mode in ("gathered16", "per_param"):
         if mode in at_n:
             r = at_n[mode]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from statistics import median
+from statistics import mean, median, stdev
 from typing import Any
 
 from zckpt_nb.errors import LaunchError, UsageError
@@ -88,10 +88,9 @@ def failure_line(message: str) -> str:
     return found[-1] if found else message.splitlines()[0]
 
 
-def spread(values: list[float]) -> float:
-    """The median absolute deviation from the median: how far a typical save lies from the typical one."""
-    mid = median(values)
-    return median(abs(v - mid) for v in values)
+def standard_error(values: list[float]) -> float:
+    """The standard error of the mean of `values` (0 for a single value): how far their mean may drift by chance."""
+    return stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
 
 
 def per_rank_totals(group: list[dict[str, Any]]) -> list[float]:
@@ -100,16 +99,16 @@ def per_rank_totals(group: list[dict[str, Any]]) -> list[float]:
 
 
 def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per mode: the median stall, its spread, the slowest rank's total stall, the median time to durable and the
-    largest snapshot."""
+    """Per mode: the mean stall per save (every wait it caused counted) and its standard error, the slowest rank's
+    total stall, the median time to durable and the largest snapshot."""
     rows = []
     for mode in dict.fromkeys(r["mode"] for r in records):
         group = [r for r in records if r["mode"] == mode]
         durable = [r["durable_seconds"] for r in group if r["durable_seconds"] is not None]
         stalls = [r["stall_seconds"] for r in group]
-        rows.append({"mode": mode, "saves x ranks": len(group), "median stall s": round(median(stalls), 4),
-                     "stall spread s": round(spread(stalls), 4),
-                     "of which a later step waited s": round(median(r["later_wait_seconds"] for r in group), 4),
+        rows.append({"mode": mode, "saves x ranks": len(group), "mean stall s": round(mean(stalls), 4),
+                     "standard error s": round(standard_error(stalls), 4),
+                     "of which later steps waited s": round(mean(r["later_wait_seconds"] for r in group), 4),
                      "total stall, slowest rank s": round(max(per_rank_totals(group)), 4),
                      "median durable s": round(median(durable), 4) if durable else NEVER,
                      "largest snapshot MiB": round(max(r["snapshot_bytes"] for r in group) / 2**20, 2)})
@@ -117,24 +116,26 @@ def summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def ties_with(best: dict[str, Any], row: dict[str, Any]) -> bool:
-    """Whether two modes' median stalls differ by no more than their two spreads together (noise, not a win)."""
-    return abs(row["median stall s"] - best["median stall s"]) <= best["stall spread s"] + row["stall spread s"]
+    """Whether two modes' mean stalls differ by less than twice the standard error of their difference (chance)."""
+    bound = 2 * (best["standard error s"] ** 2 + row["standard error s"] ** 2) ** 0.5
+    return abs(row["mean stall s"] - best["mean stall s"]) <= bound
 
 
 def stall_sentence(rows: list[dict[str, Any]]) -> str:
-    """What the medians say: which modes stop training least (ties inside the spread named as ties), and when each
+    """What the means say: which modes stop training least (differences within chance named ties), and when each
     mode's checkpoint is durable."""
-    least = min(rows, key=lambda r: r["median stall s"])
+    least = min(rows, key=lambda r: r["mean stall s"])
     tied = [r["mode"] for r in rows if r is not least and ties_with(least, r)]
-    parts = [f"{r['mode']} stops training {r['median stall s']:.3f} s per save (spread {r['stall spread s']:.3f} s) "
+    parts = [f"{r['mode']} stops training {r['mean stall s']:.3f} s per save (± {r['standard error s']:.3f} s) "
              "and " + ("never makes it durable (no fsync)" if r["median durable s"] == NEVER
                        else f"is durable after {r['median durable s']:.3f} s") for r in rows]
-    verdict = (f"Least stall: {least['mode']}, and no other mode is within the spreads." if not tied else
-               f"Least stall: a tie between {least['mode']} and {', '.join(tied)}: their medians differ by less than "
-               "their spreads together, which is noise on this machine, not a difference between the modes.")
+    verdict = (f"Least stall: {least['mode']}, beyond chance." if not tied else
+               f"Least stall: a tie between {least['mode']} and {', '.join(tied)}: their means differ by less than "
+               "twice the standard error of the difference, which is noise on this machine, not a difference "
+               "between the modes.")
     memory = [f"{r['mode']} holds a {r['largest snapshot MiB']} MiB snapshot per rank until its files are written"
               for r in rows if r["largest snapshot MiB"]]
-    return (f"Medians over every save and rank: {'; '.join(parts)}. {verdict}"
+    return (f"Means over every save and rank: {'; '.join(parts)}. {verdict}"
             + "".join(f" The price: {m}." for m in memory))
 
 
