@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import sys
 from pathlib import Path
 
 
@@ -55,6 +56,21 @@ def describe_error(err: BaseException, path: str | Path, rank: int, doing: str =
 def is_timeout(err: BaseException) -> bool:
     """A collective that timed out or lost its peer (gloo and NCCL say so only in the message)."""
     return any(word in str(err).lower() for word in TIMEOUT_WORDS)
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """A collective that failed because of the other ranks, not this rank's disk: a timeout, a lost peer, or any
+    torch.distributed error (NCCL's dead peer is a `DistBackendError` whose message names no timeout)."""
+    dist = sys.modules.get("torch.distributed")  # not loaded: no collective can have raised (verify runs without torch)
+    return is_timeout(err) or (dist is not None and isinstance(err, dist.DistError))
+
+
+def peer_failure(err: BaseException, rank: int, doing: str, detail: str = "") -> CollectiveTimeout:
+    """The one error every rank raises for a lost peer or timed-out collective `doing` something, with no further
+    collective (the process group cannot be trusted again)."""
+    return CollectiveTimeout(f"rank {rank}: {doing} stopped{detail}: a peer rank died or a collective timed out "
+                             f"({type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}); every "
+                             "rank stops, 'latest' was not moved")
 
 
 class LayoutError(RuntimeError):

@@ -24,7 +24,14 @@ from typing import Any
 
 from zckpt_nb import data
 from zckpt_nb.convert.verify import check_config
-from zckpt_nb.errors import CheckpointError, CollectiveTimeout, LayoutError, RunIncomplete, describe_error, is_timeout
+from zckpt_nb.errors import (
+    CheckpointError,
+    CollectiveTimeout,
+    LayoutError,
+    RunIncomplete,
+    describe_error,
+    is_peer_failure,
+)
 from zckpt_nb.format.client_state import CLIENT_KEY, client_state
 from zckpt_nb.format.disk import atomic_write
 from zckpt_nb.format.layout import latest_name, rank_files, tag_for, tag_step, writes_folder
@@ -190,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     except (CheckpointError, CollectiveTimeout, RunIncomplete, LayoutError) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
-    except RuntimeError as e:  # a collective outside a save timed out: say so in one line, not a traceback
-        if not is_timeout(e):
+    except RuntimeError as e:  # a collective outside a save timed out or lost a peer: one line, not a traceback
+        if not is_peer_failure(e):
             raise
         print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective timed out or lost a rank "
               f"while training ({str(e).strip().splitlines()[0][:160]}); is some rank stuck or saving alone?",

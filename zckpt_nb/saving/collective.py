@@ -6,6 +6,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
+from zckpt_nb.errors import is_peer_failure, peer_failure
 from zckpt_nb.measure import meters
 
 # The process group of this thread's protocol collectives: None (the default group) except in an asynchronous save's
@@ -14,10 +15,16 @@ GROUP: ContextVar[Any] = ContextVar("zckpt_protocol_group", default=None)
 
 
 def gather(obj: Any) -> list[Any]:
-    """all_gather_object: every rank's `obj` on every rank (on this thread's `GROUP`)."""
+    """all_gather_object: every rank's `obj` on every rank (on this thread's `GROUP`); a lost peer raises
+    `CollectiveTimeout` (errors.peer_failure)."""
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj, group=GROUP.get())
+    try:
+        dist.all_gather_object(out, obj, group=GROUP.get())
+    except Exception as e:  # a dead peer (gloo, NCCL's DistBackendError) or a timeout: one error, no more collectives
+        if not is_peer_failure(e):
+            raise
+        raise peer_failure(e, dist.get_rank(), "the commit protocol's agreement") from None
     meters.count_object_collective(out)  # DeepSpeed's comms logger does not see torch's object collectives
     return out

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.errors import CollectiveTimeout, describe_error, is_timeout
+from zckpt_nb.errors import describe_error, is_peer_failure, peer_failure
 from zckpt_nb.format.disk import atomic_write, fsync_dir, nearest_existing, write_once
 from zckpt_nb.format.layout import MANIFEST, committed_tags, node_rank, writes_folder
 from zckpt_nb.format.manifest import checkpoint_manifest, file_record
@@ -259,9 +259,7 @@ def run_save(engine: Any, writer: DeferredErrorWriter, save_dir: Path, tag: str,
         with deferred_errors(engine, writer):
             engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
     except Exception as e:  # outside a file write: the ranks' collectives may no longer line up
-        if is_timeout(e):
-            raise CollectiveTimeout(
-                f"rank {writer.rank}: save of {tag} stopped after {time.perf_counter() - start:.0f} s: a collective "
-                f"timed out or lost a rank ({str(e).strip().splitlines()[0][:160]}); a rank is stuck (a hung "
-                "network filesystem?) or died. 'latest' was not moved") from None
+        if is_peer_failure(e):  # never a write error: the agreement's collectives would fail or hang next
+            after = f" after {time.perf_counter() - start:.0f} s (a rank stuck on a hung filesystem, or dead)"
+            raise peer_failure(e, writer.rank, f"save of {tag}", after) from None
         writer.fail(e, save_dir / tag, "saving")
