@@ -6,35 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.layout import RANK_FILE, committed_tags, latest_name
+from zckpt_nb.format.layout import committed_tags
 from zckpt_nb.run.launch import RunResult
 
 
-def missing_rank_files(ckpt_dir: str | Path, tag: str, nproc: int) -> list[str]:
-    """The rank files (model and optimizer states of every rank) that folder `tag` lacks."""
-    folder = Path(ckpt_dir) / tag
-    present = {(int(m.group(1)), m.group(2)) for p in folder.iterdir() if (m := RANK_FILE.search(p.name))}
-    return [f"rank {r} {kind} states" for r in range(nproc) for kind in ("model", "optim") if (r, kind) not in present]
+def deepspeed_latest_lines() -> str:
+    """The end of DeepSpeed's `save_checkpoint`, from the installed source: rank 0 writes `latest` as soon as its own
+    files are written, and only then does every rank meet at the final barrier."""
+    import inspect
 
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
-def plain_outcome(ckpt_dir: str | Path, nproc: int) -> tuple[str | None, list[str]]:
-    """What `latest` names after DeepSpeed's save alone, and which of that tag's rank files are missing."""
-    named = latest_name(ckpt_dir)
-    if named is None or not (Path(ckpt_dir) / named).is_dir():
-        return named, []
-    return named, missing_rank_files(ckpt_dir, named, nproc)
-
-
-def plain_sentence(ckpt_dir: str | Path, nproc: int) -> str:
-    """What DeepSpeed's save alone left when its last rank was killed mid-save: does `latest` name a whole tag?"""
-    named, missing = plain_outcome(ckpt_dir, nproc)
-    if named is None or not (Path(ckpt_dir) / named).is_dir():
-        return f"`latest` names {named or 'nothing'}: the kill came before DeepSpeed moved it in this run."
-    if not missing:
-        return (f"`latest` names {named} and all {2 * nproc} of its rank files are present: the kill came too late "
-                "in this run to show the gap.")
-    return (f"`latest` names **{named}**, and {len(missing)} of its {2 * nproc} rank files are missing "
-            f"({', '.join(missing)}): a resume that trusts `latest` loads a checkpoint that is not there.")
+    lines, first = inspect.getsourcelines(DeepSpeedEngine.save_checkpoint)
+    start = next(i for i, line in enumerate(lines) if "Save latest checkpoint tag" in line)
+    return "".join(f"{first + i:5d} {line}" for i, line in enumerate(lines[start:], start))
 
 
 def hang_answer(seconds: float, collective_timeout: float, failed: bool, committed: list[str]) -> str:
@@ -66,3 +51,10 @@ def resume_sentence(uninterrupted: RunResult, resumed: RunResult) -> str:
 def save_phases(saves: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each save's phases in milliseconds (rank 0), one format for every column."""
     return [{"tag": s["tag"], **{f"{k} (ms)": f"{v * 1000:.1f}" for k, v in s["timings"].items()}} for s in saves]
+
+
+def crash_answer(crash_dir: str | Path, report: str, resumed: RunResult) -> str:
+    """Exercise: what the ranks said when the last one was killed mid-save, and where the resume started."""
+    said = "\n".join(report.splitlines()[1:-1])
+    return (f"Each rank's own line ({Path(crash_dir) / 'launch.log'} holds everything):\n\n```\n{said}\n```\n\n"
+            f"The resume started from step {resumed.data['resumed_from_step']}: the newest checkpoint with a manifest.")
