@@ -274,7 +274,7 @@ def default_timeout(model: str, nproc: int, steps: int) -> float:
 def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny", *, timeout: float | None = None,
            verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
            stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, placement: Placement | None = None,
-           **options: Any) -> RunResult:
+           worker: str = "zckpt_nb.train", **options: Any) -> RunResult:
     """Train with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements.
 
     `options` are the worker's, typed (`run.options.TrainOptions`: `save_every=50`, `save_mode="async"`,
@@ -282,7 +282,8 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     steps and the ranks (`default_timeout`). `on_line` and `stop` go to `launch_module`: every output line, and an
     event that stops the job from any thread. On several nodes, call it once per node with its `nodes`
     (`run.nodes`); `nproc` is the ranks of each node. `placement` (`run.devices.choose_world`) picks CPU ranks or
-    this launch's GPUs.
+    this launch's GPUs. `worker` is the module torchrun starts: the ZeRO-3 worker, or `zckpt_nb.train_fsdp` (FSDP2,
+    the same options); a module name, so this layer never imports the entry points.
     """
     output_dir = Path(output_dir).resolve()
     opts = TrainOptions.build(steps=steps, output_dir=str(output_dir), **options)
@@ -297,7 +298,7 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
         raise UsageError(str(e)) from None
     try:
         (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
-        log, seconds = launch_module("zckpt_nb.train", opts.argv(), nproc=nproc, timeout=timeout, name=name,
+        log, seconds = launch_module(worker, opts.argv(), nproc=nproc, timeout=timeout, name=name,
                                      log_path=output_dir / log_name(nodes), verbose=verbose, progress=progress,
                                      on_line=on_line, stop=stop, nodes=nodes, placement=placement)
     finally:

@@ -1,0 +1,218 @@
+"""The FSDP2 worker: the ZeRO-3 worker's optimisation (`train.py`) under PyTorch FSDP2, saving with DCP.
+
+Same model, data order, AdamW hyperparameters, gradient clipping and LR schedule (DeepSpeed's own `WarmupDecayLR`
+class, driving a `torch.optim.AdamW`, which is the optimizer DeepSpeed's `torch_adam` runs), so a checkpoint converted
+with `to-dcp` continues the same run. It resumes the newest DCP checkpoint in `--output_dir` (a folder `to-dcp` wrote,
+named global_stepN) on any world size, and saves one there every `--save_every` steps: `dcp.save` of
+`get_state_dict(model, optimizer)` with the scheduler and train state, then rank 0 commits it with a manifest.
+Started by `run.launch.launch(..., worker="zckpt_nb.train_fsdp")`; it takes the ZeRO-3 worker's options and uses
+output_dir, steps, save_every, save_checkpoint, resume, model, seed and global_batch (fp32 only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb import data
+from zckpt_nb.convert.reshard import file_entries
+from zckpt_nb.convert.verify import read_kind
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.disk import atomic_write, fsync_dir
+from zckpt_nb.format.layout import DCP_KIND, MANIFEST, committed_tags, tag_for, tag_step
+from zckpt_nb.format.manifest import FORMAT
+from zckpt_nb.model import accumulation_steps, ds_config, get_preset, gpt2_config
+from zckpt_nb.run.options import TrainOptions
+from zckpt_nb.train import History, quiet_libraries, seed_everything, sum_over_ranks
+
+
+@dataclass
+class FsdpWorker:
+    """The sharded model, its optimizer and scheduler, and where this run stands."""
+
+    opts: TrainOptions
+    rank: int
+    world: int
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    tokens: Any
+    horizon: int
+    start: int = 0
+    history: History = field(default_factory=History)
+
+
+def newest_dcp(output_dir: str | Path) -> str:
+    """The newest committed DCP checkpoint (a to-dcp folder or this worker's save) in `output_dir`."""
+    tags = [t for t in committed_tags(output_dir) if read_kind(Path(output_dir) / t) == DCP_KIND]
+    if not tags:
+        raise CheckpointError(f"no committed DCP checkpoint in {output_dir}; convert one with "
+                              "python -m zckpt_nb to-dcp CKPT_DIR OUTPUT_DIR/global_stepN")
+    return max(tags, key=tag_step)
+
+
+def build(opts: TrainOptions, rank: int, world: int, horizon: int) -> FsdpWorker:
+    """The model sharded with fully_shard (each block, then the root), AdamW and WarmupDecayLR as ds_config says."""
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+
+    seed_everything(opts.seed)
+    model = AutoModelForCausalLM.from_config(gpt2_config(opts.model))
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    config = ds_config(opts.model, steps=horizon)
+    hyper = {k: v for k, v in config["optimizer"]["params"].items() if k != "torch_adam"}
+    optimizer = torch.optim.AdamW(model.parameters(), **{**hyper, "betas": tuple(hyper["betas"])})
+    scheduler = WarmupDecayLR(optimizer, **config["scheduler"]["params"])
+    tokenizer = data.load_or_train_tokenizer("", get_preset(opts.model).vocab_size)  # deterministic: the same ids
+    return FsdpWorker(opts, rank, world, model, optimizer, scheduler, data.encode_corpus(tokenizer), horizon)
+
+
+def state_of(worker: FsdpWorker) -> dict[str, Any]:
+    """The DCP state: model and optimizer as get_state_dict gives them, the scheduler and the train state."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optim = get_state_dict(worker.model, worker.optimizer)
+    opts = worker.opts
+    return {"model": model, "optimizer": optim, "lr_scheduler": worker.scheduler.state_dict(),
+            "train_state": {"step": worker.start, "seed": opts.seed, "global_batch": opts.global_batch,
+                            "world_size": worker.world, "steps": worker.horizon}}
+
+
+def saved_train_state(folder: Path) -> dict[str, Any]:
+    """A DCP checkpoint's train state (step, seed, global batch, world size, horizon), read without a model."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"train_state": {"step": 0, "seed": 0, "global_batch": 0, "world_size": 0, "steps": 0}}
+    dcp.load(state, checkpoint_id=folder, no_dist=True)
+    return state["train_state"]
+
+
+def resume(worker: FsdpWorker, folder: Path) -> None:
+    """Load a DCP checkpoint into the sharded model, AdamW and the scheduler (any world size)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = state_of(worker)
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(worker.model, worker.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    worker.scheduler.load_state_dict(state["lr_scheduler"])
+    worker.start = state["train_state"]["step"]
+
+
+def save(worker: FsdpWorker, step: int) -> None:
+    """dcp.save into output_dir/global_stepN (every rank), then rank 0 commits it: manifest after DCP's .metadata."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    worker.start = step
+    folder = Path(worker.opts.output_dir) / tag_for(step)
+    dcp.save(state_of(worker), storage_writer=dcp.FileSystemWriter(folder, sync_files=True))
+    if worker.rank == 0:
+        atomic_write(folder / MANIFEST, json.dumps({
+            "format": FORMAT, "kind": DCP_KIND, "tag": folder.name, "step": step, "source_world_size": worker.world,
+            "identity": {"model": worker.opts.model}, "files": file_entries(folder)}, indent=1))
+        fsync_dir(folder.parent)
+    dist.barrier()
+
+
+def train_step(worker: FsdpWorker, batch: Any) -> float:
+    """One optimizer step on this rank's share, weighted as the ZeRO-3 worker weights it; the global mean loss.
+
+    FSDP2 averages gradients over ranks (as DeepSpeed does) but, unlike DeepSpeed, does not divide by the
+    accumulation steps, so the weight lacks that factor. The gradient norm is clipped to 1.0 over all shards.
+    """
+    import torch
+
+    opts, preset = worker.opts, get_preset(worker.opts.model)
+    share = data.rank_share(opts.global_batch, worker.world, worker.rank)
+    gas, total = accumulation_steps(opts.global_batch, worker.world, preset.micro_batch), 0.0
+    for part in data.micro_steps(share, gas):
+        x = batch[list(part) or [0]]
+        loss = worker.model(input_ids=x, attention_mask=torch.ones_like(x), labels=x).loss
+        (loss * (len(part) * worker.world / len(batch))).backward()
+        total += loss.item() * len(part)
+    torch.nn.utils.clip_grad_norm_(worker.model.parameters(), 1.0)
+    worker.optimizer.step()
+    worker.scheduler.step()
+    worker.optimizer.zero_grad(set_to_none=True)
+    return sum_over_ranks(total, "cpu") / len(batch)
+
+
+def loop(worker: FsdpWorker) -> None:
+    """Train from the resumed step to --steps, saving every --save_every steps (and at the end if asked)."""
+    opts, preset = worker.opts, get_preset(worker.opts.model)
+    for step in range(worker.start, opts.steps):
+        batch = data.global_batch_for_step(worker.tokens, step=step, seed=opts.seed, global_batch=opts.global_batch,
+                                           seq_len=preset.seq_len)
+        worker.history.steps.append(step)
+        worker.history.lrs.append(worker.optimizer.param_groups[0]["lr"])
+        worker.history.losses.append(train_step(worker, batch))
+        if worker.rank == 0:
+            print(f"step {step + 1}/{opts.steps} loss {worker.history.losses[-1]:.4f}", flush=True)
+        done = step + 1
+        if (opts.save_every and done % opts.save_every == 0) or (opts.save_checkpoint and done == opts.steps):
+            save(worker, done)
+
+
+def run_record(worker: FsdpWorker, resumed: int | None, seconds: float) -> dict[str, Any]:
+    """run.json, with the keys the launcher's RunResult reads and the ZeRO-3 worker's names for the rest."""
+    params = sum(p.numel() for p in worker.model.parameters())
+    return {"worker": "fsdp2", "world_size": worker.world, "backend": "gloo", "device": "cpu",
+            "model": worker.opts.model, "dtype": "fp32", "seed": worker.opts.seed, "num_params": params,
+            "vocab_size": get_preset(worker.opts.model).vocab_size, "resumed_from_step": resumed,
+            "global_batch": worker.opts.global_batch, "schedule": {"horizon": worker.horizon},
+            "steps": worker.history.steps, "losses": worker.history.losses, "lrs": worker.history.lrs,
+            "wall_seconds": seconds, "ranks": [{"rank": r} for r in range(worker.world)]}
+
+
+def train(opts: TrainOptions) -> None:
+    """Join the process group, build, resume if asked, train with DCP saves, write run.json on rank 0."""
+    import torch.distributed as dist
+
+    quiet_libraries()
+    start = time.perf_counter()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    folder = Path(opts.output_dir) / newest_dcp(opts.output_dir) if opts.resume else None
+    saved = saved_train_state(folder) if folder else None
+    if saved:  # the checkpoint's batch and LR horizon, as the ZeRO-3 worker keeps them
+        opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": saved["global_batch"]})
+    opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": opts.global_batch or
+                                 get_preset(opts.model).global_batch})
+    worker = build(opts, rank, world, saved["steps"] if saved else opts.steps)
+    if folder:
+        resume(worker, folder)
+        if rank == 0:
+            print(f"resumed from {folder.name} at step {worker.start} on {world} rank(s) (FSDP2)", flush=True)
+    resumed = worker.start if folder else None
+    loop(worker)
+    if rank == 0:
+        atomic_write(Path(opts.output_dir) / "run.json",
+                     json.dumps(run_record(worker, resumed, time.perf_counter() - start), indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the FSDP2 worker; a checkpoint that cannot be used ends it with one line, exit 1."""
+    try:
+        train(TrainOptions.parse(argv))
+        sys.stdout.flush()
+        os._exit(0)  # as train.py: skip finalization, where a gloo thread can abort a finished job
+    except CheckpointError as e:
+        print(f"zckpt_nb.train_fsdp: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
