@@ -11,15 +11,17 @@ from zckpt_nb.run.launch import RunResult
 
 
 def deepspeed_latest_lines() -> str:
-    """The end of DeepSpeed's `save_checkpoint`, from the installed source: rank 0 writes `latest` as soon as its own
-    files are written, and only then does every rank meet at the final barrier."""
-    import inspect
+    """The end of DeepSpeed's `save_checkpoint`, read from the installed source without importing it: rank 0 writes
+    `latest` as soon as its own files are written, and only then does every rank meet at the final barrier."""
+    import ast
+    from importlib.util import find_spec
 
-    from deepspeed.runtime.engine import DeepSpeedEngine
-
-    lines, first = inspect.getsourcelines(DeepSpeedEngine.save_checkpoint)
+    path = Path(find_spec("deepspeed").origin).parent / "runtime" / "engine.py"
+    text = path.read_text()
+    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "save_checkpoint")
+    lines = text.splitlines()[node.lineno - 1:node.end_lineno]
     start = next(i for i, line in enumerate(lines) if "Save latest checkpoint tag" in line)
-    return "".join(f"{first + i:5d} {line}" for i, line in enumerate(lines[start:], start))
+    return "".join(f"{node.lineno + i:5d} {line}\n" for i, line in enumerate(lines[start:], start))
 
 
 def hang_answer(seconds: float, collective_timeout: float, failed: bool, committed: list[str]) -> str:
