@@ -12,8 +12,8 @@ import nbformat
 import pytest
 
 from zckpt_nb.convert.inspect import inspect_checkpoint
-from zckpt_nb.format.layout import tag_for
-from zckpt_nb.lessons import claims, offline, partitions, save_modes, stall, worlds
+from zckpt_nb.format.layout import committed_tags, tag_for
+from zckpt_nb.lessons import claims, consolidation, failures, offline, partitions, save_modes, stall, worlds
 from zckpt_nb.lessons.compare import agreement, select
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
@@ -32,8 +32,8 @@ MATRIX = [
     ("01", {"WORLD_SIZES": [1, 3], "THRESHOLD_NPROC": 3, "PERSISTENCE_THRESHOLD": 100_000, "OTHER_THRESHOLD": 0,
             "DTYPE": "bf16"}),
     ("02", {"NPROC": 3, "STEPS": 40, "SAVE_EVERY": 20, "RESUME_STEP": 20}),
-    ("04", {"NPROC": 3, "MODEL": "tiny", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
-    ("05", {"NPROC": 1}),
+    ("04", {"NPROC": 3, "MODEL": "tiny", "DTYPE": "bf16", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
+    ("05", {"NPROC": 1, "KEEP_LAST": 1}),
     ("06", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"],
             "DTYPE": "bf16", "SAVE_MODES": ["plain", "ds_decoupled"], "CLUSTER_GPUS": 4096}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
@@ -92,6 +92,29 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     sizes = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["SHARD_SIZES"]
     assert all(offline.memory_verdict(rows, size) in text for size in sizes)
     assert [r["--max_shard_size"] for r in rows] == [s for s in sizes for _ in offline.ROUTES]
+    run = RunResult.from_dir(runs / "run", [], 0.0)
+    dtype = run.data["dtype"]
+    assert dtype == {**parameter_defaults(BY_PREFIX["04"]), **parameters}["DTYPE"]
+    outputs = {"gathered16": runs / "run" / "gathered16", "per_param": runs / "run" / "per_param",
+               "offline": runs / "offline", "hf": runs / "hf"}
+    proof = consolidation.proof_rows(consolidation.reference_state_dict(runs / "run"), outputs, dtype)
+    assert all(r["equal"] == "yes" for r in proof), proof
+    per = consolidation.file_bytes_per_param(outputs, run.num_params)
+    assert round(per["gathered16"]) == consolidation.bytes_per_param(dtype) and round(per["hf"]) == 4, per
+    assert consolidation.dtype_answer(proof, outputs, run.num_params, dtype) in text  # exercise 1's answer
+    assert consolidation.proof_sentence(proof, dtype) in text
+
+
+def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
+    """Notebook 05's verdicts and exercise 3's answer equal the ones its own runs' files give."""
+    text = markdown_outputs(nb)
+    get = {**parameter_defaults(BY_PREFIX["05"]), **parameters}
+    resumed = RunResult.from_dir(runs / "resumed", [], 0.0)
+    assert resumed.data["resumed_from_step"] == 4
+    assert len(committed_tags(runs / "resumed")) == min(get["KEEP_LAST"], get["STEPS"] // get["SAVE_EVERY"])
+    assert failures.rotation_answer(resumed, get["KEEP_LAST"]) in text  # exercise 3's answer
+    uninterrupted = RunResult.from_dir(runs / "disk_copy", [], 0.0)  # the full-disk run trained every step
+    assert failures.resume_sentence(uninterrupted, resumed) in text
 
 
 def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
@@ -159,7 +182,8 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                                                 get("DTYPE"))
 
 
-CHECKS = {"01": check_01, "04": check_04, "06": check_06, "07": check_07, "08": check_08, "09": check_09}
+CHECKS = {"01": check_01, "04": check_04, "05": check_05, "06": check_06, "07": check_07, "08": check_08,
+          "09": check_09}
 
 
 def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
