@@ -65,6 +65,6 @@ def failure_report(err: Exception, output_dir: str | Path, width: int = 200) -> 
     found = rank_lines(output_dir, last=10**6) if log.is_file() else {}
     lines = [str(err).splitlines()[0]]
     for who, printed in found.items():
-        line = rank_error_line(printed)
+        line = rank_error_line(printed).removeprefix(f"{who}: ")  # the worker's own lines start with the rank too
         lines.append(f"  {who}: {line if len(line) <= width else line[:width - 3] + '...'}")
     return "\n".join(lines + [f"  every rank's full output: {log}"])
