@@ -80,7 +80,7 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert claims.scaling_sentence(rows) in text
     assert partitions.padding_answer(infos) in text and partitions.threshold_answer(rows) in text
     assert partitions.dtype_answer(infos[-1], dtype) in text and f"In {dtype}, rank" in text
-    # the slices only: the predicted header bytes depend on the process's accelerator (the kernel's is the CPU one)
+    # the slices only: the predicted header bytes came out a few hundred bytes apart in the kernel and in pytest
     assert partitions.prediction_sentence(infos, "tiny", rows[0]["threshold"], dtype).split(";")[0] in text
 
 
