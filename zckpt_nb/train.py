@@ -89,6 +89,7 @@ class Worker:
     hf_config: Any = None  # transformers' HfDeepSpeedConfig, kept alive while the engine lives
     held: dict[str, int] = field(default_factory=dict)
     wall_start: float = 0.0
+    determinism: str = ""  # one line for run.json: whether this run's kernels were deterministic
 
 
 @dataclass
@@ -131,6 +132,30 @@ def skip_shm_op() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+CUBLAS_WORKSPACE = ":4096:8"  # what cuBLAS needs to be deterministic (CUDA's and torch's reproducibility notes)
+
+
+def set_determinism(choice: str, device: str) -> str:
+    """Make this rank's kernels deterministic when asked (`auto`: on GPU ranks); one line saying what holds.
+
+    On GPUs, exact resume needs it: cuBLAS picks reduction orders by workspace, and SDPA's flash and memory-efficient
+    backward are not deterministic, so the math backend is the one left on. Called before any kernel runs.
+    """
+    import torch
+
+    on_gpu = device.startswith("cuda")
+    if choice == "off" or (choice == "auto" and not on_gpu):
+        return f"not enforced (--deterministic {choice}): torch.use_deterministic_algorithms off"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    if on_gpu:
+        for backend in ("flash", "mem_efficient", "cudnn"):
+            getattr(torch.backends.cuda, f"enable_{backend}_sdp")(False)
+        torch.backends.cuda.enable_math_sdp(True)
+    gpu = f", CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}, SDPA math backend" if on_gpu else ""
+    return f"deterministic (--deterministic {choice}): torch.use_deterministic_algorithms(True){gpu}"
 
 
 def seed_everything(seed: int) -> None:
@@ -232,6 +257,7 @@ def set_up(opts: TrainOptions) -> Worker:
     backend, device = setup_distributed(opts.timeout_seconds())
     rank, world = dist.get_rank(), dist.get_world_size()
     check_layout(opts.output_dir, opts.node_local_storage)  # before anything is built or written
+    determinism = set_determinism(opts.deterministic, device)
     seed_everything(opts.seed)
     preset = get_preset(opts.model)
     opts = replace(opts, global_batch=opts.global_batch or preset.global_batch)
@@ -240,7 +266,7 @@ def set_up(opts: TrainOptions) -> Worker:
     bf16 = opts.dtype == "bf16" or (opts.dtype == "auto" and device.startswith("cuda"))
     worker = Worker(opts, rank, world, backend, device, preset, identity,
                     horizon=source.plan["horizon"] if source else opts.steps, bf16=bf16, source=source,
-                    wall_start=wall_start)
+                    wall_start=wall_start, determinism=determinism)
     # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
     worker.tokenizer = data.load_or_train_tokenizer(opts.output_dir if opts.resume else "", preset.vocab_size)
     worker.tokens = data.encode_corpus(worker.tokenizer)
@@ -411,7 +437,7 @@ def run_record(worker: Worker, log: SaveLog, history: History, start_step: int, 
     opts, source = worker.opts, worker.source
     return {
         "world_size": worker.world, "backend": worker.backend, "device": worker.device, "model": opts.model,
-        "dtype": "bf16" if worker.bf16 else "fp32", "seed": opts.seed,
+        "dtype": "bf16" if worker.bf16 else "fp32", "seed": opts.seed, "deterministic": worker.determinism,
         "num_params": count_params(worker.engine.module), "vocab_size": worker.preset.vocab_size,
         "tokenizer_vocab_size": len(worker.tokenizer), "resumed_from_step": start_step if source else None,
         "latest_tag": tag, "global_batch": opts.global_batch,

@@ -40,6 +40,9 @@ class TrainOptions:
     global_batch: int = option(0, "sequences per optimizer step, shared by all ranks (0: the preset's); a resume "
                                   "keeps the checkpoint's, on any number of ranks")
     dtype: str = option("auto", "auto: bf16 on GPUs, fp32 on CPU ranks", ("auto", "fp32", "bf16"))
+    deterministic: str = option("auto", "deterministic kernels, for exact resumes: torch.use_deterministic_algorithms, "
+                                        "CUBLAS_WORKSPACE_CONFIG and SDPA's math backend (auto: on for GPU ranks, "
+                                        "off for CPU ranks)", ("auto", "on", "off"))
     keep_last: int = option(0, "after each committed save keep only the newest K checkpoints (0: keep all)")
     on_save_error: str = option("continue", "a failed save: record it in run.json and train on, or stop every "
                                             "rank (exit 1)", ("continue", "abort"))
