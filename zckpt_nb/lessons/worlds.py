@@ -29,14 +29,14 @@ def resume_on(source: str | Path, tag: str, worlds: list[int], steps: int, out_r
                               for world in worlds}))
 
 
-def batch_answer(rows: list[dict[str, Any]], global_batch: int, micro_batch: int) -> str:
+def batch_answer(rows: list[dict[str, Any]], global_batch: int, micro_batch: int, dtype: str = "fp32") -> str:
     """Exercise: how each world size split the global batch, and whether every resumed run still continued the
     uninterrupted one (`claims.reshard_sentence`)."""
     split = "; ".join(f"on {r['resumed on N']} rank(s), {global_batch // r['resumed on N']} to "
                       f"{-(-global_batch // r['resumed on N'])} sequences per rank in {r['accumulation steps']} "
                       "micro-step(s)" for r in rows)
     return (f"A global batch of {global_batch} sequences (at most {micro_batch} per micro-step): {split}. "
-            + claims.reshard_sentence(rows))
+            + claims.reshard_sentence(rows, dtype))
 
 
 def nodes_answer(rows: list[dict[str, Any]]) -> str:
