@@ -3,12 +3,13 @@
 #   make test        # set up .venv, run the whole test suite (what CI runs)
 #   make test-fast   # set up .venv, unit tests and one 2-rank smoke run (the edit-test loop, under 3 minutes)
 #   make lab         # set up .venv, open notebooks/ in JupyterLab on 127.0.0.1 (prints the URL with its token)
+#   make gpu-check   # on a GPU machine: every notebook in fp32 and bf16 on NCCL, save throughput, docs/gpu.md
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: notebooks test test-fast lab lint bench clean
+.PHONY: notebooks test test-fast lab lint bench gpu-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/compare_world_sizes.py --model tiny --nproc 1 2 3 4 --output_dir build/bench/compare --fresh
+
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf build .pytest_cache
