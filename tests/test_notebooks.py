@@ -17,7 +17,7 @@ from zckpt_nb.lessons import claims, consolidation, failures, offline, partition
 from zckpt_nb.lessons.compare import agreement, select
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
-from zckpt_nb.lessons.own_model import max_difference
+from zckpt_nb.lessons.own_model import max_difference, partition_answer
 from zckpt_nb.model import get_preset
 from zckpt_nb.plan import cluster
 from zckpt_nb.plan.calibration import load_records
@@ -162,6 +162,10 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     exact = max_difference(runs / "hf", runs / "raw", tag_for(steps)) == 0 and max_difference(
         runs / "trainer_hf", runs / "trainer" / f"checkpoint-{steps}", tag_for(steps)) == 0
     assert f"exported {'exactly' if exact else 'not exactly'} DeepSpeed's fp32 weights" in text
+    nproc = {**parameter_defaults(BY_PREFIX["08"]), **parameters}["NPROC"]
+    answers = [o["data"]["text/markdown"] for c in nb.cells if "answer" in c.metadata.get("tags", [])
+               for o in c.outputs if "text/markdown" in o.get("data", {})]
+    assert answers[0] == partition_answer(runs / "raw", nproc) and answers[0].endswith("equal.")
 
 
 def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:

@@ -106,3 +106,61 @@ def saved_model(run_dir: str | Path, tag: str) -> dict[str, Any]:
         found["difference"] = max(float((w.float() - masters[k].detach().to(dtype).float()).abs().max())
                                   for k, w in weights.items())
     return found
+
+
+def partition_answer(ckpt_dir: str | Path, nproc: int) -> str:
+    """Each rank's partition of a checkpoint as `inspect` measures it, against the config alone's prediction."""
+    from zckpt_nb.convert.inspect import inspect_checkpoint
+    from zckpt_nb.format.sizes import slice_numel
+    from zckpt_nb.model import meta_model
+
+    numels = tuple(p.numel() for p in meta_model(str(Path(ckpt_dir) / "config.json")).parameters())
+    measured = {r.partition_numel for r in inspect_checkpoint(ckpt_dir).ranks}
+    predicted = slice_numel(numels, nproc)
+    return (f"On {nproc} ranks, every tensor padded to a multiple of {nproc} and split, each rank owns "
+            f"{predicted:,} of the {sum(numels):,} parameter elements by the config alone; `inspect` measured "
+            + (f"{predicted:,} on every rank: equal." if measured == {predicted} else
+               f"{', '.join(f'{m:,}' for m in sorted(measured))}: they differ."))
+
+
+def drop_rank_file(ckpt_dir: str | Path, copy_dir: str | Path, tag: str, rank: int, kind: str) -> Path:
+    """A copy of a checkpoint (its manifest left out) without one rank's `kind` file ("model_states" or
+    "optim_states"; rank -1: the last); the copy."""
+    import shutil
+
+    from zckpt_nb.errors import UsageError
+
+    if kind not in ("model_states", "optim_states"):
+        raise UsageError(f"DROP_FILE must be 'model_states' or 'optim_states', not {kind!r}")
+    shutil.copytree(ckpt_dir, copy_dir, ignore=shutil.ignore_patterns(MANIFEST))
+    files = {int(m.group(1)): p for p in (Path(copy_dir) / tag).glob(f"*{kind}.pt")
+             if (m := RANK_FILE.search(p.name))}
+    if not files:
+        raise UsageError(f"{ckpt_dir}/{tag} holds no {kind} files to drop")
+    files[sorted(files)[rank]].unlink()
+    return Path(copy_dir)
+
+
+def refusal(ckpt_dir: str | Path) -> str:
+    """What `adopt` says about a checkpoint: its one-line refusal, or that it committed it."""
+    from zckpt_nb.convert.adopt import adopt
+    from zckpt_nb.errors import CheckpointError
+
+    try:
+        adopt(ckpt_dir)
+    except CheckpointError as e:
+        return f"adopt refused it: {e}"
+    return "adopt found it whole and committed it"
+
+
+def save_model_fallback() -> str:
+    """The lines of transformers' `Trainer.save_model` that run when ZeRO-3 has no 16-bit weights to gather."""
+    import inspect
+    import textwrap
+
+    from transformers import Trainer
+
+    lines = inspect.getsource(Trainer.save_model).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("except ValueError"))
+    end = next(i for i, line in enumerate(lines) if "save_checkpoint(output_dir)" in line)
+    return textwrap.dedent("\n".join(lines[start:end + 1]))
