@@ -1,0 +1,132 @@
+"""Notebook 03: what a ZeRO-3 checkpoint holds (bf16, frozen parameters, fine-tuning loads), read from the files and
+from what `zckpt_nb.examples.checkpoint_contents` loaded back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.inspect import shard_paths, tensor_bytes
+from zckpt_nb.convert.safeload import load
+from zckpt_nb.format.layout import latest_name
+from zckpt_nb.lessons.own_model import run_example
+
+CONTENTS = "zckpt_nb.examples.checkpoint_contents"
+FOLDERS = ("fp32", "bf16", "frozen", "frozen_excluded")
+KINDS = ("fp32 weights (MiB)", "Adam moments (MiB)", "frozen weights (MiB)", "the rest (MiB)")
+
+
+def run_contents(out: str | Path, *, nproc: int, model: str, steps: int, freeze: str, timeout: float) -> dict:
+    """Run the example on `nproc` ranks into `out`; what each load brought back (its `loads.json`)."""
+    run_example(CONTENTS, out, "--model", model, "--steps", str(steps), "--freeze", freeze, nproc=nproc,
+                timeout=timeout)
+    return json.loads((Path(out) / "loads.json").read_text())
+
+
+def holdings(folder: str | Path) -> dict[str, int]:
+    """Bytes of the newest checkpoint in `folder`, every rank's files summed, by what they hold."""
+    tag_dir = Path(folder) / latest_name(folder)
+    found = dict.fromkeys(KINDS, 0)
+    for paths in shard_paths(tag_dir).values():
+        optim = load(paths["optim"])["optimizer_state_dict"]
+        frozen = load(paths["model"]).get("frozen_param_fragments") or {}
+        found[KINDS[0]] += tensor_bytes(optim["fp32_flat_groups"])
+        found[KINDS[1]] += tensor_bytes(optim["optimizer_state_dict"]["state"])
+        found[KINDS[2]] += tensor_bytes(frozen)
+        found[KINDS[3]] += sum(p.stat().st_size for p in paths.values())
+    found[KINDS[3]] -= found[KINDS[0]] + found[KINDS[1]] + found[KINDS[2]]
+    return found
+
+
+def holdings_rows(root: str | Path) -> list[dict[str, Any]]:
+    """One row per checkpoint of the run: its optimizer file's name, then MiB by what the files hold."""
+    rows = []
+    for name in FOLDERS:
+        found = holdings(Path(root) / name)
+        optim = next(p.name for p in (Path(root) / name / latest_name(Path(root) / name)).iterdir()
+                     if "optim_states" in p.name and "rank_0_" in p.name)
+        rows.append({"checkpoint": name, "rank 0's optimizer file": optim,
+                     **{k: round(v / 2**20, 3) for k, v in found.items()},
+                     "total (MiB)": round(sum(found.values()) / 2**20, 3)})
+    return rows
+
+
+def bf16_sentence(rows: list[dict[str, Any]], num_params: int) -> str:
+    """The bf16 checkpoint against the fp32 one: sizes and bytes per parameter of weights and moments."""
+    fp32, bf16 = rows[0], rows[1]
+    per = {r["checkpoint"]: (r[KINDS[0]] + r[KINDS[1]]) * 2**20 / num_params for r in (fp32, bf16)}
+    same = "the same size" if abs(bf16["total (MiB)"] - fp32["total (MiB)"]) <= 0.01 * fp32["total (MiB)"] else \
+        f"{bf16['total (MiB)'] / fp32['total (MiB)']:.2f} times the fp32 one"
+    return (f"The bf16 checkpoint ({bf16['total (MiB)']:.3f} MiB) is {same} ({fp32['total (MiB)']:.3f} MiB): both "
+            f"hold fp32 tensors only, {per['bf16']:.1f} bytes per parameter in the bf16 run and {per['fp32']:.1f} in "
+            f"the fp32 run: the fp32 master "
+            f"weights and Adam's two fp32 moments. The bf16 working copy the forward pass used is not saved at all "
+            f"(`load_checkpoint` rebuilds it from the masters); DeepSpeed only renames the optimizer files "
+            f"`bf16_zero_pp_rank_*`.")
+
+
+def frozen_sentence(rows: list[dict[str, Any]], counts: dict[str, int]) -> str:
+    """What `exclude_frozen_parameters=True` left out, from the files."""
+    full, excluded = rows[2], rows[3]
+    share = counts["frozen"] / (counts["frozen"] + counts["trainable"])
+    return (f"With {counts['frozen']:,} of {counts['frozen'] + counts['trainable']:,} parameters frozen ({share:.0%}), "
+            f"the default save wrote {full['total (MiB)']:.3f} MiB, {full[KINDS[2]]:.3f} MiB of it the frozen weights "
+            f"(each rank's slice, in its model-states file, with no Adam moments since they never train); "
+            f"`exclude_frozen_parameters=True` wrote {excluded['total (MiB)']:.3f} MiB "
+            f"({excluded['total (MiB)'] / full['total (MiB)']:.0%} of it), the frozen weights left out.")
+
+
+LOADS = ("frozen", "frozen_excluded", "full resume", "load_optimizer_states=False", "load_module_only=True")
+PARTS = ("trainable weights", "frozen weights", "Adam's state", "LR schedule")
+
+
+def restored(loads: dict[str, Any]) -> dict[str, dict[str, bool | None]]:
+    """Per load, whether each part of the training state came back as saved (None: the model froze nothing)."""
+    saved = loads["saved"]
+    return {name: dict(zip(PARTS, (loads[name]["trainable_max_diff"] == 0,
+                                   loads[name]["frozen_max_diff"] == 0 if name.startswith("frozen") else None,
+                                   loads[name]["adam_step"] == saved["adam_step"], loads[name]["lr"] == saved["lr"])))
+            for name in LOADS}
+
+
+def optimizer_rows(loads: dict[str, Any]) -> list[dict[str, Any]]:
+    """What each load set the optimizer and the scheduler to, against the run that saved."""
+    return [{"load": "(the run that saved, fp32)" if name == "saved" else name,
+             "engine.global_steps": loads[name]["global_steps"], "LR": loads[name]["lr"],
+             "Adam's step": loads[name]["adam_step"], "sum of abs(exp_avg)": round(loads[name]["exp_avg_abs_sum"], 3)}
+            for name in ("saved", *LOADS)]
+
+
+def back(diff: float) -> str:
+    """A weight difference after a load, in words."""
+    return "came back exactly" if diff == 0 else f"did not come back (largest difference {diff:.3g})"
+
+
+def excluded_sentence(loads: dict[str, Any]) -> str:
+    """How the checkpoint saved without its frozen weights loads, strictly and not."""
+    error = loads["frozen_excluded"]["strict_load_error"]
+    strict = f"fails on every rank: `{error}`" if error else "works"
+    return (f"Loading the excluded checkpoint as DeepSpeed does by default (`load_module_strict=True`) {strict}. "
+            f"With `load_module_strict=False` the trainable weights "
+            f"{back(loads['frozen_excluded']['trainable_max_diff'])} and the frozen ones "
+            f"{back(loads['frozen_excluded']['frozen_max_diff'])}"
+            + (": they are whatever the model was built with, so they must come from elsewhere (the base model the "
+               "fine-tuning started from)" if loads["frozen_excluded"]["frozen_max_diff"] else "")
+            + ". The default save's "
+            f"frozen weights {back(loads['frozen']['frozen_max_diff'])}.")
+
+
+def fine_tune_sentence(loads: dict[str, Any]) -> str:
+    """What the two fine-tuning loads restore, against a full resume."""
+    no_opt, module_only, full = (loads[k] for k in ("load_optimizer_states=False", "load_module_only=True",
+                                                    "full resume"))
+    return (f"A full resume restores the weights, Adam's step ({full['adam_step']}) and moments and the LR "
+            f"({full['lr']:.3g}). With `load_optimizer_states=False, load_lr_scheduler_states=False` the weights "
+            f"{back(no_opt['trainable_max_diff'])}, while Adam starts fresh (step {no_opt['adam_step']}, moments "
+            f"{no_opt['exp_avg_abs_sum']:.3g}) and so does the LR schedule (LR {no_opt['lr']:.3g}); "
+            f"`engine.global_steps` still says {no_opt['global_steps']}. With `load_module_only=True` the weights "
+            f"{back(module_only['trainable_max_diff'])}"
+            + (": under ZeRO-3 the module file holds no weights, only placeholders, so this warm start silently "
+               "keeps the new model's own init." if module_only["trainable_max_diff"] else "."))
