@@ -85,3 +85,58 @@ def test_to_dcp_refuses_to_replace_a_folder_it_did_not_write(zero_run: RunResult
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "not a DCP checkpoint" in done.stderr
     assert (keep / "notes.txt").read_text() == "keep me"
+
+
+@pytest.fixture(scope="module")
+def fsdp_leg(zero_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """The FSDP2 worker on 3 ranks resumed from the step-SWITCH conversion, trained SWITCH steps, saved with DCP."""
+    out = tmp_path_factory.mktemp("fsdp3")
+    to_dcp(zero_run.output_dir, out / TAG, TAG)
+    return launch(3, 2 * SWITCH, out, resume=True, save_checkpoint=True, worker="zckpt_nb.train_fsdp",
+                  verbose=False, progress=False, timeout=600)
+
+
+def test_fsdp2_on_3_ranks_continues_the_zero3_run(zero_run: RunResult, fsdp_leg: RunResult) -> None:
+    """The loss after the switch stays within 1e-4 of the uninterrupted ZeRO-3 run for SWITCH steps."""
+    assert fsdp_leg.steps == list(range(SWITCH, 2 * SWITCH)) and fsdp_leg.world_size == 3
+    expected = zero_run.losses[SWITCH:2 * SWITCH]
+    gaps = [abs(a - b) for a, b in zip(fsdp_leg.losses, expected)]
+    assert max(gaps) < 1e-4, gaps
+    assert fsdp_leg.data["lrs"] == pytest.approx(zero_run.data["lrs"][SWITCH:2 * SWITCH], rel=1e-9)
+    assert (fsdp_leg.output_dir / f"global_step{2 * SWITCH}" / ".metadata").is_file()
+
+
+@pytest.fixture(scope="module")
+def back_to_zero(fsdp_leg: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The FSDP2 leg's last DCP checkpoint converted back with from-dcp (the CLI, as a user runs it)."""
+    out = tmp_path_factory.mktemp("back") / "zero"
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "from-dcp", str(fsdp_leg.output_dir / f"global_step"
+                           f"{2 * SWITCH}"), str(out), "--config", "tiny"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_zero3_on_1_rank_resumes_from_dcp_and_continues_the_run(zero_run: RunResult, back_to_zero: Path) -> None:
+    """The round trip ZeRO-3 (2) -> FSDP2 (3) -> ZeRO-3 (1) stays within 1e-4 of the uninterrupted run."""
+    resumed = launch(1, STEPS, back_to_zero, resume=True, verbose=False, progress=False, timeout=600)
+    assert resumed.data["resumed_from_step"] == 2 * SWITCH and resumed.data["resharded"]
+    gaps = [abs(a - b) for a, b in zip(resumed.losses, zero_run.losses[2 * SWITCH:])]
+    assert len(gaps) == SWITCH and max(gaps) < 1e-4, gaps
+
+
+def test_zero3_on_3_ranks_resumes_from_dcp(zero_run: RunResult, back_to_zero: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = shutil.copytree(back_to_zero, tmp_path / "zero3")
+    resumed = launch(3, 2 * SWITCH + 4, copy, resume=True, verbose=False, progress=False, timeout=600)
+    assert resumed.world_size == 3 and resumed.steps == list(range(2 * SWITCH, 2 * SWITCH + 4))
+    assert max(abs(a - b) for a, b in zip(resumed.losses, zero_run.losses[2 * SWITCH:])) < 1e-4
+
+
+def test_from_dcp_refuses_bad_input_in_one_line(converted: Path, tmp_path: Path) -> None:
+    for args in ([str(tmp_path / "nothing"), str(tmp_path / "a")], [str(converted), str(tmp_path / "b"),
+                                                                      "--config", str(tmp_path / "none.json")]):
+        done = subprocess.run([sys.executable, "-m", "zckpt_nb", "from-dcp", *args, *([] if "--config" in args
+                               else ["--config", "tiny"])], capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "b").exists()

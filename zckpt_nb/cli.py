@@ -24,7 +24,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zckpt_nb.run.options import TrainOptions
 
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
-    run = launch(args.nproc, timeout=args.timeout, nodes=nodes, **TrainOptions.from_namespace(args).to_dict())
+    run = launch(args.nproc, timeout=args.timeout, nodes=nodes, worker=args.worker,
+                 **TrainOptions.from_namespace(args).to_dict())
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
     print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
@@ -227,6 +228,8 @@ def add_train(sub: Any) -> None:
                        help="a free port on the node of --node_rank 0, the same on every node (default: any free "
                             "port, one node only)")
     train.add_argument("--timeout", type=float, default=1800, help="kill every rank after this many seconds")
+    train.add_argument("--worker", default="zckpt_nb.train", choices=("zckpt_nb.train", "zckpt_nb.train_fsdp"),
+                       help="the ZeRO-3 worker, or the FSDP2 one (resumes and saves DCP checkpoints: to-dcp)")
     train.set_defaults(func=cmd_train)
 
 
@@ -274,6 +277,19 @@ def cmd_to_dcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_from_dcp(args: argparse.Namespace) -> int:
+    from zckpt_nb.convert.dcp import from_dcp
+    from zckpt_nb.convert.reshard import describe_conversion
+
+    try:
+        manifest = from_dcp(args.dcp_dir, args.out_dir, args.config)
+    except CheckpointError as e:
+        print(f"zckpt_nb from-dcp: bad checkpoint: {e}", file=sys.stderr)
+        return 1
+    print(describe_conversion(manifest, False, None))
+    return 0
+
+
 def add_dcp_commands(sub: Any) -> None:
     """Leaving and joining DeepSpeed: ZeRO-3 to PyTorch DCP (FSDP2) with the optimizer, and back."""
     out = sub.add_parser("to-dcp", help="a ZeRO-3 checkpoint as a PyTorch DCP checkpoint with its AdamW state, which "
@@ -282,6 +298,12 @@ def add_dcp_commands(sub: Any) -> None:
     out.add_argument("out_dir", help="a new or empty folder (or an earlier to-dcp output, replaced)")
     out.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
     out.set_defaults(func=cmd_to_dcp)
+    back = sub.add_parser("from-dcp", help="a DCP checkpoint (to-dcp's or the FSDP2 worker's) back into a ZeRO-3 "
+                                           "checkpoint that train --resume loads on any number of ranks")
+    back.add_argument("dcp_dir")
+    back.add_argument("out_dir", help="a new or empty folder")
+    back.add_argument("--config", required=True, help="the model: a preset (tiny, ...), a config.json or a folder")
+    back.set_defaults(func=cmd_from_dcp)
 
 
 def add_costs(sub: Any) -> None:

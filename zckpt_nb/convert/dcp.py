@@ -20,6 +20,7 @@ into place: committed like every other checkpoint here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -28,13 +29,14 @@ from typing import Any
 
 from zckpt_nb.convert.reshard import ensure_universal, file_entries, manifest_hash
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.verify import newest_committed, read_kind
+from zckpt_nb.convert.verify import newest_committed, read_kind, verify_universal
 from zckpt_nb.errors import CheckpointError, UsageError
 from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, fsync_dir
-from zckpt_nb.format.layout import DCP_KIND, MANIFEST, universal_dir
+from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
 from zckpt_nb.format.manifest import FORMAT, read_manifest
 from zckpt_nb.measure import meters
+from zckpt_nb.model import model_config
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 WEIGHTS_FILE = "fp32"  # the universal copy's name for a parameter's fp32 weights
@@ -176,3 +178,117 @@ def describe_to_dcp(manifest: dict[str, Any]) -> str:
             f"DCP checkpoint of {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files, written in "
             f"{c['seconds']:.1f} s with a peak of {extra:.0f} MiB above the converter's baseline; FSDP2 loads it on "
             "any number of ranks with dcp.load and set_state_dict")
+
+
+def read_dcp(folder: Path, keys: dict[str, Any]) -> dict[str, Any]:
+    """Load the flat DCP `keys` (fqn -> an empty tensor or a placeholder value) from `folder`, no process group."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    dcp.load(keys, checkpoint_id=folder, no_dist=True)
+    return keys
+
+
+def dcp_globals(folder: Path) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """A DCP checkpoint's parameter FQNs (the optimizer's order), its AdamW param group, and everything else that
+    is not a tensor (lr_scheduler.*, train_state.*), read from its metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
+    values = read_dcp(folder, {k: None for k, v in meta.items() if isinstance(v, BytesStorageMetadata)})
+    prefix = "optimizer.param_groups.0."
+    group = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+    if any(k.startswith("optimizer.param_groups.1.") for k in values):
+        raise CheckpointError(f"{folder} has more than one optimizer parameter group; from-dcp converts one")
+    return group.pop("params"), group, values
+
+
+def write_param(folder: Path, zero: Path, name: str, shape: Any) -> Any:
+    """One parameter's fp32 weights and both moments from the DCP checkpoint into zero/<name>/ (flat, as
+    ds_to_universal writes them); returns its step."""
+    import torch
+
+    optim = f"optimizer.state.{name}"
+    keys = {f"model.{name}": torch.empty(shape), **{f"{optim}.{m}": torch.empty(shape) for m in MOMENTS},
+            f"{optim}.step": torch.zeros(())}
+    got = read_dcp(folder, keys)
+    (zero / name).mkdir(parents=True)
+    torch.save(got[f"model.{name}"].flatten(), zero / name / f"{WEIGHTS_FILE}.pt")
+    for m in MOMENTS:
+        torch.save(got[f"optimizer.state.{name}.{m}"].flatten(), zero / name / f"{m}.pt")
+    return got[f"{optim}.step"]
+
+
+def tied_names(config: str) -> dict[str, str]:
+    """Each tied weight's other names -> its first name, from the model `config` builds on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config(config))
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)
+            if first.setdefault(id(p), name) != name}
+
+
+def zero_states(params: dict[str, Any], ties: dict[str, str], values: dict[str, Any], world: int) -> dict[str, Any]:
+    """The model-states file DeepSpeed's universal load reads (rank 0's): names, shapes, ties, scheduler, client."""
+    from collections import OrderedDict
+
+    import deepspeed
+    import torch
+
+    train = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("train_state.")}
+    scheduler = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("lr_scheduler.")}
+    names = [*params, *ties]
+    return {"module": OrderedDict((n, torch.empty(0)) for n in names), "buffer_names": [], "optimizer": None,
+            "param_shapes": [OrderedDict((n, torch.Size(s)) for n, s in params.items())],
+            "frozen_param_shapes": OrderedDict(), "shared_params": ties, "frozen_param_fragments": OrderedDict(),
+            "lr_scheduler": scheduler, "data_sampler": None, "random_ltd": None, "skipped_steps": 0,
+            "global_steps": train["step"], "global_samples": train["step"] * train["global_batch"],
+            "dp_world_size": world, "mp_world_size": 1, "ds_version": deepspeed.__version__,
+            CLIENT_KEY: train}
+
+
+def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> dict[str, Any]:
+    """Convert a committed DCP checkpoint (to-dcp's or the FSDP2 worker's) into a ZeRO-3 checkpoint folder
+    `out_dir` whose universal copy `train --resume` loads on any number of ranks; returns the universal manifest."""
+    import torch
+
+    folder, out = Path(dcp_dir), Path(out_dir).resolve()
+    source = verify_universal(folder, kind=DCP_KIND)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} is not empty; name a new or empty folder for from-dcp")
+    start, ties, hf_config = time.perf_counter(), tied_names(config), model_config(config)  # a bad --config: now
+    names, group, values = dcp_globals(folder)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
+    params = {n: tuple(meta[f"model.{n}"].size) for n in names}
+    tag, train = tag_for(source["step"]), {k: v for k, v in values.items() if k.startswith("train_state.")}
+    uni = universal_dir(out, tag)
+    steps = [write_param(folder, uni / "zero", n, s) for n, s in params.items()]
+    torch.save({"optimizer_state_dict": {"state": {0: {"step": steps[0]}}, "param_groups": [{**group, "params": [0]}]},
+                "param_groups": [{**group, "params": [0]}]}, uni / "zero" / "optimizer_state.pt")
+    states = zero_states(params, ties, values, source["source_world_size"])
+    torch.save(states, uni / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    identity = {"model": (source.get("identity") or {}).get("model"), "num_params": sum(
+        math.prod(s) for s in params.values()), "global_batch": train["train_state.global_batch"]}
+    atomic_write(out / "config.json", hf_config.to_json_string())
+    (out / tag).mkdir()
+    atomic_write(out / tag / MANIFEST, json.dumps({"format": FORMAT, "tag": tag, "step": source["step"],
+                                                   "world_size": 0, "identity": identity, "from_dcp": str(folder),
+                                                   "files": []}, indent=1))  # no rank files: load the universal copy
+    files = file_entries(uni)
+    cost = {"seconds": time.perf_counter() - start, "peak_rss_bytes": meters.rss_high_water() or 0,
+            "bytes": sum(f["bytes"] for f in files), "source_bytes": sum(f["bytes"] for f in source["files"])}
+    atomic_write(uni / MANIFEST, json.dumps({
+        "format": FORMAT, "kind": UNIVERSAL, "tag": tag, "step": source["step"],
+        "source_world_size": source["source_world_size"], "identity": identity,
+        "source_manifest_sha256": manifest_hash(out, tag), "conversion": cost, "files": files}, indent=1))
+    atomic_write(out / "latest", tag)
+    fsync_dir(out)
+    return read_manifest(uni)
