@@ -15,6 +15,14 @@ from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.format.layout import committed_tags, tag_for
 from zckpt_nb.lessons import claims, consolidation, failures, offline, partitions, save_modes, stall, worlds
 from zckpt_nb.lessons.compare import agreement, select
+from zckpt_nb.lessons.contents import (
+    bf16_sentence,
+    excluded_sentence,
+    fine_tune_sentence,
+    frozen_sentence,
+    holdings_rows,
+)
+from zckpt_nb.lessons.minimal import resume_sentence, shard_answer, shard_sentence, step_losses
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
 from zckpt_nb.lessons.own_model import max_difference, partition_answer
@@ -31,7 +39,8 @@ BY_PREFIX = {p.name[:2]: p for p in NOTEBOOKS}
 MATRIX = [
     ("01", {"WORLD_SIZES": [1, 3], "THRESHOLD_NPROC": 3, "PERSISTENCE_THRESHOLD": 100_000, "OTHER_THRESHOLD": 0,
             "DTYPE": "bf16"}),
-    ("02", {"NPROC": 3, "STEPS": 40, "SAVE_EVERY": 20, "RESUME_STEP": 20}),
+    ("02", {"NPROC": 3, "RESUME_STEP": 1}),
+    ("03", {"NPROC": 3, "FREEZE": "embeddings"}),
     ("04", {"NPROC": 3, "MODEL": "tiny", "DTYPE": "bf16", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
     ("05", {"NPROC": 1, "KEEP_LAST": 1}),
     ("06", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"],
@@ -82,6 +91,35 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert partitions.dtype_answer(infos[-1], dtype) in text and f"In {dtype}, rank" in text
     # the slices only: the predicted header bytes came out a few hundred bytes apart in the kernel and in pytest
     assert partitions.prediction_sentence(infos, "tiny", rows[0]["threshold"], dtype).split(";")[0] in text
+
+
+def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
+    """Notebook 02's verdicts and exercises' answers equal the ones its own runs' logs and files give."""
+    text = markdown_outputs(nb)
+    get = {**parameter_defaults(BY_PREFIX["02"]), **parameters}
+    full, resumed = (step_losses((runs / d / "launch.log").read_text().splitlines()) for d in ("minimal",
+                                                                                             "minimal_resumed"))
+    assert sorted(full) == list(range(1, get["STEPS"] + 1))
+    assert sorted(resumed) == list(range(get["RESUME_STEP"] + 1, get["STEPS"] + 1))
+    assert resume_sentence(full, resumed) in text  # exercise 2's answer
+    info = inspect_checkpoint(runs / "minimal", tag_for(get["STEPS"]))
+    assert info.world_size == get["NPROC"]
+    assert shard_answer(info) in text and shard_sentence(info, get["DTYPE"]) in text  # exercise 1's answer
+
+
+def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
+    """Notebook 03's verdicts and exercises' answers equal the ones its own run's files give."""
+    text = markdown_outputs(nb)
+    loads = json.loads((runs / "loads.json").read_text())
+    rows = holdings_rows(runs)
+    p = loads["counts"]["frozen"] + loads["counts"]["trainable"]
+    assert p == inspect_checkpoint(runs / "fp32").num_params
+    nproc = {**parameter_defaults(BY_PREFIX["03"]), **parameters}["NPROC"]
+    assert inspect_checkpoint(runs / "bf16").world_size == nproc
+    assert rows[3]["frozen weights (MiB)"] == 0 < rows[2]["frozen weights (MiB)"]
+    assert frozen_sentence(rows, loads["counts"]) in text  # exercise 1's answer
+    assert bf16_sentence(rows, p) in text  # exercise 2's answer
+    assert excluded_sentence(loads) in text and fine_tune_sentence(loads) in text
 
 
 def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
@@ -187,8 +225,8 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                                                 get("DTYPE"))
 
 
-CHECKS = {"01": check_01, "04": check_04, "05": check_05, "06": check_06, "07": check_07, "08": check_08,
-          "09": check_09}
+CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05, "06": check_06,
+          "07": check_07, "08": check_08, "09": check_09}
 
 
 def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
