@@ -29,7 +29,8 @@ def convert_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None =
 def shard_files(ckpt_dir: str | Path, tag: str | None = None) -> list[Path]:
     """Every rank's model and optimizer files of checkpoint `tag` (what routes 3 and 4 read)."""
     tag = tag or latest_name(ckpt_dir)
-    return sorted((Path(ckpt_dir) / str(tag)).glob("zero_pp_rank_*_states.pt"))
+    # bf16 runs name their optimizer files bf16_zero_pp_rank_*
+    return sorted((Path(ckpt_dir) / str(tag)).glob("*zero_pp_rank_*_states.pt"))
 
 
 def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> meters.SaveCost:
