@@ -186,7 +186,7 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     resumed = {int(d.name.rsplit("_", 1)[1]): RunResult.from_dir(d, [], 0.0)
                for d in sorted(runs.glob("resumed_on_*"))}
     rows = claims.reshard_rows(base, resumed)
-    assert claims.reshard_sentence(rows) in text
+    assert claims.reshard_sentence(rows, base.data["dtype"]) in text
     assert worlds.batch_answer(rows, base.data["global_batch"], get_preset("tiny").micro_batch) in text
     local = sorted(runs.glob("node*"))
     assert len(local) == parameters.get("NODES", 2) and worlds.nodes_answer(folder_rows(local)) in text

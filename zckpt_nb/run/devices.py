@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-CPU_HINT = "DS_ACCELERATOR=cpu runs any number of CPU ranks (gloo) on any machine"
+CPU_HINT = "DS_ACCELERATOR=cpu to run any number of CPU ranks (gloo) on any machine"
 
 
 @dataclass(frozen=True)
