@@ -22,6 +22,7 @@ from zckpt_nb.lessons.contents import (
     frozen_sentence,
     holdings_rows,
 )
+from zckpt_nb.lessons.dcp import dcp_rows, fsdp_answer, leg_gaps, round_trip_sentence, switch_answer
 from zckpt_nb.lessons.minimal import resume_sentence, shard_answer, shard_sentence, step_losses
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
@@ -51,6 +52,7 @@ MATRIX = [
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0,
             "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0, "FS_CAP_GBPS": 50.0}),
+    ("10", {"FSDP_NPROC": 1, "SWITCH_STEP": 4}),
 ]
 
 
@@ -225,8 +227,28 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                                                 get("DTYPE"))
 
 
+def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
+    """Notebook 10's verdicts and exercise answers equal the ones its own runs give."""
+    text = markdown_outputs(nb)
+    get = {**parameter_defaults(BY_PREFIX["10"]), **parameters}.get
+    base, fsdp, back = (RunResult.from_dir(runs / name, [], 0.0) for name in ("zero3", "fsdp", "back"))
+    assert (base.world_size, fsdp.world_size, back.world_size) == (get("SOURCE_NPROC"), get("FSDP_NPROC"),
+                                                                   get("BACK_NPROC"))
+    assert fsdp.steps[0] == get("SWITCH_STEP") and back.steps[0] == 2 * get("SWITCH_STEP")
+    assert max(leg_gaps(base, fsdp) + leg_gaps(base, back)) < 1e-4
+    assert round_trip_sentence(base, fsdp, back) in text
+    dcp_dir = runs / "fsdp" / f"global_step{get('SWITCH_STEP')}"
+    assert [r["top-level key"] for r in dcp_rows(dcp_dir)] == ["model", "optimizer", "lr_scheduler", "train_state"]
+    cost = json.loads((dcp_dir / "zckpt_manifest.json").read_text())["conversion"]
+    assert f"{(cost['peak_rss_bytes'] - cost['baseline_rss_bytes']) / 2**20:.1f} MiB above its baseline" in text
+    answers = [o["data"]["text/markdown"] for c in nb.cells if "answer" in c.metadata.get("tags", [])
+               for o in c.outputs if "text/markdown" in o.get("data", {})]
+    assert answers == [fsdp_answer(base, fsdp, dcp_dir), switch_answer(base, fsdp, dcp_dir)]
+    assert "the same as the uninterrupted run's" in answers[1]
+
+
 CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05, "06": check_06,
-          "07": check_07, "08": check_08, "09": check_09}
+          "07": check_07, "08": check_08, "09": check_09, "10": check_10}
 
 
 def check_verdicts(prefix: str, nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
