@@ -38,7 +38,7 @@ def dcp_rows(dcp_dir: str | Path) -> list[dict[str, Any]]:
         if isinstance(meta, TensorStorageMetadata):
             row["tensors"] += 1
             row["MiB"] += meta.size.numel() * meta.properties.dtype.itemsize / 2**20
-    return [{**r, "MiB": round(r["MiB"], 2)} for r in rows.values()]
+    return [{**r, "MiB": f"{r['MiB']:.2f}"} for r in rows.values()]  # one format per column, 0 as 0.00
 
 
 def traced(command: list[str], timeout: float) -> Any:
@@ -72,19 +72,19 @@ def cost_rows(costs: dict[str, Any]) -> list[dict[str, Any]]:
     c, mib = costs["manifest"]["conversion"], 2**20
     uni = c["universal"]
     return [
-        {"route": "zero_to_fp32.py", "keeps": "fp32 weights", "time (s)": round(costs["zero_to_fp32"]["seconds"], 1),
+        {"route": "zero_to_fp32.py", "keeps": "fp32 weights", "time (s)": f"{costs['zero_to_fp32']['seconds']:.1f}",
          "peak RSS (MiB)": round(costs["zero_to_fp32"]["peak_rss_bytes"] / mib),
-         "written (MiB)": round(costs["zero_to_fp32"]["bytes"] / mib, 2)},
+         "written (MiB)": f"{costs['zero_to_fp32']['bytes'] / mib:.2f}"},
         {"route": "to-dcp, stage 1: ds_to_universal" + (" (reused)" if uni["reused"] else ""),
-         "keeps": "weights, both moments", "time (s)": round(uni["seconds"], 1),
-         "peak RSS (MiB)": round(uni["peak_rss_bytes"] / mib), "written (MiB)": round(uni["bytes"] / mib, 2)},
+         "keeps": "weights, both moments", "time (s)": f"{uni['seconds']:.1f}",
+         "peak RSS (MiB)": round(uni["peak_rss_bytes"] / mib), "written (MiB)": f"{uni['bytes'] / mib:.2f}"},
         {"route": "to-dcp, stage 2: DCP writer", "keeps": "weights, both moments, step, LR, data position",
-         "time (s)": round(c["seconds"], 1), "peak RSS (MiB)": round(c["peak_rss_bytes"] / mib),
-         "written (MiB)": round(c["bytes"] / mib, 2)},
+         "time (s)": f"{c['seconds']:.1f}", "peak RSS (MiB)": round(c["peak_rss_bytes"] / mib),
+         "written (MiB)": f"{c['bytes'] / mib:.2f}"},
         {"route": "to-dcp, the whole command", "keeps": "weights, both moments, step, LR, data position",
-         "time (s)": round(costs["to_dcp"]["seconds"], 1), "peak RSS (MiB)": round(costs["to_dcp"]["peak_rss_bytes"]
+         "time (s)": f"{costs['to_dcp']['seconds']:.1f}", "peak RSS (MiB)": round(costs["to_dcp"]["peak_rss_bytes"]
                                                                                   / mib),
-         "written (MiB)": round(c["bytes"] / mib, 2)},
+         "written (MiB)": f"{c['bytes'] / mib:.2f}"},
     ]
 
 
