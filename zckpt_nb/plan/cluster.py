@@ -115,7 +115,8 @@ def pinned_sentence(rows: list[dict[str, Any]], gpus_per_node: int) -> str:
     low, high = f"{best['rounding']:.0%}", f"{worst['rounding']:.0%}"
     spread = (f"{high} more at every N shown" if low == high
               else f"from {low} more (N = {best['N']}) to {high} more (N = {worst['N']})")
-    return (f"Pinned for a snapshot, a rank's shard is rounded up to powers of two: {spread}. At N = {worst['N']}, "
+    return (f"Pinned for a snapshot, each of a rank's three fp32 tensors (weights and two moments) is rounded up to a "
+            f"power of two: {spread}. At N = {worst['N']}, "
             f"{worst['shard MiB']:,.0f} MiB of shard reserve {worst['pinned MiB']:,.0f} MiB, and a node of "
             f"{gpus_per_node} ranks pins {worst['pinned MiB'] * gpus_per_node / 1024:,.1f} GiB of host memory the "
             "operating system cannot page out.")
