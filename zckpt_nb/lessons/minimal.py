@@ -77,11 +77,15 @@ def shard_answer(info: CheckpointInfo) -> str:
     """Each rank's shard predicted from P/N (12 bytes a parameter: fp32 weights, two Adam moments) against the files."""
     predicted = info.num_params / info.world_size * 12
     measured = [s.payload_bytes for s in info.ranks]
-    return (f"P/N = {info.num_params:,}/{info.world_size} parameters per rank, times 12 bytes, predicts "
-            f"{predicted / 2**20:.3f} MiB of tensors per rank; the files hold "
-            f"{', '.join(f'{b / 2**20:.3f}' for b in measured)} MiB (rank 0 first; padding to a multiple of N is the "
-            f"difference) and measure {', '.join(f'{s.bytes / 2**20:.3f}' for s in info.ranks)} MiB on disk "
-            f"(pickle framing and the model-states file on top).")
+    held = ", ".join(f"{b / 2**20:.3f}" for b in measured)
+    on_disk = ", ".join(f"{s.bytes / 2**20:.3f}" for s in info.ranks)
+    why = ("" if all(f"{b / 2**20:.3f}" == f"{predicted / 2**20:.3f}" for b in measured)
+           else "; padding to a multiple of N is the difference" if info.num_params % info.world_size
+           else "; the difference is other tensors the files hold")
+    return (f"P/N = {info.num_params:,}/{info.world_size} = {info.num_params / info.world_size:,.0f} parameters per "
+            f"rank, times 12 bytes, predicts {predicted / 2**20:.3f} MiB of tensors per rank; the files hold "
+            f"{held} MiB (rank 0 first{why}) and measure {on_disk} MiB on disk (pickle framing and the model-states "
+            f"file on top).")
 
 
 def client_keys(ckpt_dir: str | Path, tag: str) -> list[str]:
