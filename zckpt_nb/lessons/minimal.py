@@ -70,7 +70,7 @@ def shard_sentence(info: CheckpointInfo, dtype: str) -> str:
     return (f"With N = {info.world_size}, each rank wrote its own shard of {info.tag}: {sizes}. Rank 0 holds "
             f"{first.partition_numel:,} of the P = {info.num_params:,} parameters ({share:.1%}, "
             f"padding included) and its files hold {per_param:.1f} bytes of tensor data per parameter it holds "
-            f"(a {dtype} run: fp32 weights and Adam's two fp32 moments, 4 + 4 + 4).")
+            f"({'an' if dtype == 'fp32' else 'a'} {dtype} run: fp32 weights and Adam's two fp32 moments, 4 + 4 + 4).")
 
 
 def shard_answer(info: CheckpointInfo) -> str:
