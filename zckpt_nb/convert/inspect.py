@@ -189,7 +189,7 @@ def seed_files_vs_tree(ckpt_dir: str | Path) -> list[dict[str, Any]]:
         exact = [str(p) for p in files if p.name == name]
         similar = [str(p) for p in files if p.name.endswith(name) and p.name != name]
         rows.append({"the principle lists": name, "it says": says, "in the tree under that name": len(exact),
-                     "real files ending with that name": len(similar), "e.g.": (similar or exact or ["-"])[0]})
+                     "other files ending with that name": len(similar), "e.g.": (similar or exact or ["-"])[0]})
     return rows
 
 

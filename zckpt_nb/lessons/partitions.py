@@ -67,11 +67,11 @@ def principle_rows(infos: list[CheckpointInfo], rows: list[dict[str, Any]]) -> l
          f"{logged[-1] / (4 * runs[0]['P']):.2%} of the fp32 weights' bytes"},
         {"the principle says": "mp_rank_00_model_states.pt, one per rank",
          "measured": f"{model['in the tree under that name']} under that name, "
-                     f"{model['real files ending with that name']} like {model['e.g.']} (N = {n})",
+                     f"{model['other files ending with that name']} like {model['e.g.']} (N = {n})",
          "so": "imprecise: under ZeRO-3 each rank's file name carries its rank"},
         {"the principle says": "zero_pp_rank_0_mp_rank_00_optim_states.pt (optimizer state, partitioned)",
          "measured": f"{sum('optim' in f for s in infos[-1].ranks for f in s.files)} optimizer-states files for "
-                     f"N = {n}, {optim['in the tree under that name'] + optim['real files ending with that name']} "
+                     f"N = {n}, {optim['in the tree under that name'] + optim['other files ending with that name']} "
                      "of them with that name",
          "so": "true for rank 0; every other rank writes its own, with its rank in the name"},
     ]
