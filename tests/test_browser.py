@@ -123,7 +123,7 @@ def run_all_cells(page) -> None:
     }""", timeout=600_000, polling=1000)
 
 
-def test_notebook_05_runs_in_jupyterlab_and_its_panel_measures_a_new_world_size(lab, tmp_path):
+def test_notebook_06_runs_in_jupyterlab_and_its_panel_measures_a_new_world_size(lab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
