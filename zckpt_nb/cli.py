@@ -11,6 +11,7 @@ import io
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,58 +60,50 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def checked(command: str, convert: Callable[[], Any], describe: Callable[[Any], list[str]],
+            prefix: str = "bad checkpoint: ") -> int:
+    """Run one converter: a CheckpointError is one line on stderr and exit 1; otherwise print what `describe` says."""
+    try:
+        result = convert()
+    except CheckpointError as e:
+        print(f"zckpt_nb {command}: {prefix}{e}", file=sys.stderr)
+        return 1
+    print("\n".join(describe(result)))
+    return 0
+
+
 def cmd_reshard(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.reshard import describe_conversion, ensure_universal
     from zckpt_nb.convert.verify import describe_manifest, newest_committed
 
-    try:
+    def convert() -> tuple[dict, bool]:
         tag = args.tag or newest_committed(args.ckpt_dir, "converting")
-        manifest, reused = ensure_universal(args.ckpt_dir, tag, timeout=args.timeout)
-    except CheckpointError as e:
-        print(f"zckpt_nb reshard: bad checkpoint: {e}", file=sys.stderr)
-        return 1
-    print(describe_conversion(manifest, reused, world=None))
-    print(describe_manifest(manifest))
-    return 0
+        return ensure_universal(args.ckpt_dir, tag, timeout=args.timeout)
+
+    return checked("reshard", convert, lambda r: [describe_conversion(r[0], r[1], world=None),
+                                                  describe_manifest(r[0])])
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.verify import describe_manifest, verify
 
-    try:
-        manifest = verify(args.ckpt_dir, args.tag)
-    except CheckpointError as e:
-        print(f"zckpt_nb verify: bad checkpoint: {e}", file=sys.stderr)
-        return 1
-    print(describe_manifest(manifest))
-    return 0
+    return checked("verify", lambda: verify(args.ckpt_dir, args.tag), lambda m: [describe_manifest(m)])
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.adopt import adopt, describe_adoption
     from zckpt_nb.convert.verify import describe_manifest
 
-    try:
-        manifest = adopt(args.ckpt_dir, args.tag)
-    except CheckpointError as e:
-        print(f"zckpt_nb adopt: {e}", file=sys.stderr)
-        return 1
-    print(describe_adoption(manifest))
-    print(describe_manifest(manifest))
-    return 0
+    return checked("adopt", lambda: adopt(args.ckpt_dir, args.tag),
+                   lambda m: [describe_adoption(m), describe_manifest(m)], prefix="")
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.collect import collect
     from zckpt_nb.convert.verify import describe_manifest
 
-    try:
-        manifest = collect(args.parts, args.out, args.tag)
-    except CheckpointError as e:
-        print(f"zckpt_nb collect: {e}", file=sys.stderr)
-        return 1
-    print(f"collected {len(args.parts)} node folders into {args.out}: {describe_manifest(manifest)}")
-    return 0
+    return checked("collect", lambda: collect(args.parts, args.out, args.tag), lambda m: [
+        f"collected {len(args.parts)} node folders into {args.out}: {describe_manifest(m)}"], prefix="")
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
@@ -268,26 +261,15 @@ def add_checkpoint_commands(sub: Any) -> None:
 def cmd_to_dcp(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.dcp import describe_to_dcp, to_dcp
 
-    try:
-        manifest = to_dcp(args.ckpt_dir, args.out_dir, args.tag)
-    except CheckpointError as e:
-        print(f"zckpt_nb to-dcp: bad checkpoint: {e}", file=sys.stderr)
-        return 1
-    print(describe_to_dcp(manifest))
-    return 0
+    return checked("to-dcp", lambda: to_dcp(args.ckpt_dir, args.out_dir, args.tag), lambda m: [describe_to_dcp(m)])
 
 
 def cmd_from_dcp(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.dcp import from_dcp
     from zckpt_nb.convert.reshard import describe_conversion
 
-    try:
-        manifest = from_dcp(args.dcp_dir, args.out_dir, args.config)
-    except CheckpointError as e:
-        print(f"zckpt_nb from-dcp: bad checkpoint: {e}", file=sys.stderr)
-        return 1
-    print(describe_conversion(manifest, False, None))
-    return 0
+    return checked("from-dcp", lambda: from_dcp(args.dcp_dir, args.out_dir, args.config),
+                   lambda m: [describe_conversion(m, False, None)])
 
 
 def add_dcp_commands(sub: Any) -> None:
