@@ -11,8 +11,9 @@ from zckpt_nb.convert.inspect import CheckpointInfo
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.layout import RANK_FILE
+from zckpt_nb.lessons.own_model import rank_lines as said  # noqa: F401  (notebook 02 calls minimal.said)
 from zckpt_nb.run.launch import launch_module
-from zckpt_nb.run.logs import rank_errors
+from zckpt_nb.run.logs import failure_report
 
 SCRIPT_RUNNER = "zckpt_nb.run.script"  # runs a file as __main__ on every rank (torchrun's -m takes modules only)
 _LOSS = re.compile(r"^\[rank 0\] step (\d+) loss (\S+)$")
@@ -35,19 +36,13 @@ def run_script(script: str | Path, *args: str, nproc: int, timeout: float, log_p
         log, _ = launch_module(SCRIPT_RUNNER, [str(script), *args], nproc=nproc, timeout=timeout,
                                name=Path(script).name, log_path=log_path, verbose=False, progress=False)
     except LaunchError as e:
-        lines = [f"  {who}: {line}" for who, line in rank_errors(log_path.parent).items()]
-        raise LaunchError("\n".join([str(e).splitlines()[0], *lines, f"  every rank's output: {log_path}"])) from None
+        raise LaunchError(failure_report(e, log_path.parent)) from None
     return log
 
 
 def step_losses(log: list[str]) -> dict[int, float]:
     """The loss rank 0 printed at each step (`step K loss X`), by step."""
     return {int(m.group(1)): float(m.group(2)) for m in map(_LOSS.match, log) if m}
-
-
-def said(log: list[str], word: str) -> list[str]:
-    """The lines of the ranks (not the launcher's) that contain `word`."""
-    return [line for line in log if line.startswith("[rank") and word in line]
 
 
 def resume_sentence(full: dict[int, float], resumed: dict[int, float]) -> str:
