@@ -1,9 +1,18 @@
 """World size by device count (run.devices): the ranks a launch gets on 1, 2, 4 and 8 GPUs and on CPU."""
 
+import os
+
 import pytest
 
 from zckpt_nb.errors import UsageError
-from zckpt_nb.run.devices import Placement, choose_world, node_placements
+from zckpt_nb.run.devices import (
+    Placement,
+    choose_world,
+    lesson_dtype,
+    lesson_placement,
+    node_placements,
+    use_lesson_ranks,
+)
 from zckpt_nb.run.launch import check_train_args, worker_env
 from zckpt_nb.run.options import TrainOptions
 
@@ -57,3 +66,29 @@ def test_refusal_names_cpu_ranks(monkeypatch, tmp_path):
     cpu = choose_world(4, "cuda", 2, exact=True)
     check_train_args(4, TrainOptions(output_dir=str(tmp_path), steps=10), placement=cpu)  # CPU ranks: accepted
     assert worker_env(4, cpu)["DS_ACCELERATOR"] == "cpu"
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 4, 8])
+def test_a_notebook_runs_all_its_launches_on_one_kind_of_rank(gpus):
+    accelerator = "cuda" if gpus else "cpu"
+    where = lesson_placement([1, 3], accelerator, gpus)
+    assert where.accelerator == ("cuda" if gpus >= 3 else "cpu")  # the 1-rank job too: figures compared like with like
+    assert lesson_placement([2], accelerator, gpus).accelerator == ("cuda" if gpus >= 2 else "cpu")
+
+
+def test_the_notebook_sentence_sets_cpu_ranks_for_the_kernel(monkeypatch):
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 1))  # pretend: a 1-GPU laptop
+    said = use_lesson_ranks([1, 2])
+    assert "CPU ranks" in said and "2 ranks do not fit the 1 GPU(s)" in said
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    monkeypatch.delenv("DS_ACCELERATOR")
+    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 8))
+    assert use_lesson_ranks([1, 2]).startswith("Every launch runs GPU ranks") and "DS_ACCELERATOR" not in os.environ
+
+
+def test_auto_dtype_follows_the_ranks(monkeypatch):
+    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 2))
+    assert (lesson_dtype("auto"), lesson_dtype("fp32")) == ("bf16", "fp32")
+    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cpu", 0))
+    assert (lesson_dtype("auto"), lesson_dtype("bf16")) == ("fp32", "bf16")

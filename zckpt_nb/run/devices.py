@@ -84,3 +84,36 @@ def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> lis
         return [Placement(nproc, "cpu", note) for _ in range(nnodes)]
     return [Placement(nproc, "cuda", f"node {k}: GPU(s) {', '.join(map(str, range(k * nproc, (k + 1) * nproc)))}",
                       tuple(range(k * nproc, (k + 1) * nproc))) for k in range(nnodes)]
+
+
+def lesson_placement(world_sizes: list[int], accelerator: str, gpus: int) -> Placement:
+    """Where every launch of one notebook runs: GPU ranks if its largest world size fits the GPUs, else CPU ranks.
+
+    One choice for the whole notebook, so that the figures it compares were measured on the same kind of rank.
+    """
+    largest = max(world_sizes)
+    return choose_world(largest, accelerator, gpus, exact=True)
+
+
+def use_lesson_ranks(world_sizes: list[int]) -> str:
+    """Put this notebook's launches where `lesson_placement` says and say so in one sentence.
+
+    CPU ranks are chosen for the whole kernel by `DS_ACCELERATOR=cpu`, which `gpu_count`, and so every launch, reads.
+    """
+    accelerator, gpus = machine()
+    where = lesson_placement(world_sizes, accelerator, gpus)
+    sizes = " and ".join(str(n) for n in sorted(set(world_sizes)))
+    if where.accelerator == "cuda":
+        return f"Every launch runs GPU ranks, one per GPU (NCCL): {sizes} rank(s), of the {gpus} GPU(s) here."
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    why = (f"{max(world_sizes)} ranks do not fit the {gpus} GPU(s) here (NCCL needs one GPU per rank)" if gpus
+           else "there is no GPU here")
+    return f"Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), {sizes} of them per job: {why}."
+
+
+def lesson_dtype(dtype: str) -> str:
+    """The training dtype a notebook's `DTYPE` means here: "auto" is bf16 on GPU ranks, fp32 on CPU ranks (the
+    worker's own `--dtype auto`); "fp32" and "bf16" are kept. Call it after `use_lesson_ranks`."""
+    if dtype != "auto":
+        return dtype
+    return "bf16" if machine()[0] == "cuda" else "fp32"
