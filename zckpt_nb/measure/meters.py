@@ -120,15 +120,18 @@ class HostMemory:
     """Peak RSS and peak live heap bytes of this process while a block runs.
 
     The RSS peak is the kernel's own high-water mark, reset when the block starts, so no allocation escapes it however
-    short. Live heap bytes have no such counter and are sampled in a background thread, at most every 50 ms:
-    `mallinfo2` locks every malloc arena while it counts, so sampling faster would slow the save it measures. Large
-    tensors live far longer than that; the last sample is taken when the block ends.
+    short. Live heap bytes have no such counter (glibc keeps none) and are sampled in a background thread: every
+    `finest` seconds at first, then every tenth of the time elapsed, at most every `interval`. A save of 30 ms is so
+    seen about 20 times, where a fixed 50 ms saw none of it before it had freed its buffers; a long save is sampled
+    every 50 ms, since `mallinfo2` (about 30 us here) locks every malloc arena while it counts. The last sample is
+    taken when the block ends.
     """
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = 0.05, finest: float = 0.001) -> None:
         import psutil
 
         self._proc, self._interval, self._stop = psutil.Process(), interval, threading.Event()
+        self._finest = finest
         self.baseline_rss = self.peak_rss = 0
         self.baseline_heap = self.peak_heap = heap_in_use()
         self._kernel_peak = False
@@ -141,7 +144,8 @@ class HostMemory:
             self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        start = time.perf_counter()
+        while not self._stop.wait(min(self._interval, max(self._finest, (time.perf_counter() - start) / 10))):
             self._sample()
 
     def __enter__(self) -> HostMemory:
