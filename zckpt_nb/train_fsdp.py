@@ -6,7 +6,10 @@ with `to-dcp` continues the same run. It resumes the newest DCP checkpoint in `-
 named global_stepN) on any world size, and saves one there every `--save_every` steps: `dcp.save` of
 `get_state_dict(model, optimizer)` with the scheduler and train state, then rank 0 commits it with a manifest.
 Started by `run.launch.launch(..., worker="zckpt_nb.train_fsdp")`; it takes the ZeRO-3 worker's options and uses
-output_dir, steps, save_every, save_checkpoint, resume, model, seed and global_batch (fp32 only).
+output_dir, steps, save_every, save_checkpoint, resume, model, seed, global_batch and dtype. With `--dtype bf16` it
+computes in bf16 the way FSDP2 does (`MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` in
+`fully_shard`): the sharded parameters and AdamW's state stay fp32 masters, as DeepSpeed's bf16 keeps them, so its
+DCP checkpoint is fp32 either way. It runs CPU ranks (gloo), where `--dtype auto` means fp32.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class FsdpWorker:
     scheduler: Any
     tokens: Any
     horizon: int
+    dtype: str = "fp32"
     start: int = 0
     history: History = field(default_factory=History)
 
@@ -56,24 +60,33 @@ def newest_dcp(output_dir: str | Path) -> str:
     return max(tags, key=tag_step)
 
 
+def compute_dtype(opts: TrainOptions) -> str:
+    """The dtype this worker computes in: bf16 when asked; `auto` is fp32, as on the ZeRO-3 worker's CPU ranks."""
+    return "bf16" if opts.dtype == "bf16" else "fp32"
+
+
 def build(opts: TrainOptions, rank: int, world: int, horizon: int) -> FsdpWorker:
-    """The model sharded with fully_shard (each block, then the root), AdamW and WarmupDecayLR as ds_config says."""
+    """The model sharded with fully_shard (each block, then the root; bf16 compute over fp32 masters when asked),
+    AdamW and WarmupDecayLR as ds_config says."""
     import torch
     from deepspeed.runtime.lr_schedules import WarmupDecayLR
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
     seed_everything(opts.seed)
     model = AutoModelForCausalLM.from_config(gpt2_config(opts.model))
+    dtype = compute_dtype(opts)
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bf16"
+              else MixedPrecisionPolicy())
     for block in model.transformer.h:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     config = ds_config(opts.model, steps=horizon)
     hyper = {k: v for k, v in config["optimizer"]["params"].items() if k != "torch_adam"}
     optimizer = torch.optim.AdamW(model.parameters(), **{**hyper, "betas": tuple(hyper["betas"])})
     scheduler = WarmupDecayLR(optimizer, **config["scheduler"]["params"])
     tokenizer = data.load_or_train_tokenizer("", get_preset(opts.model).vocab_size)  # deterministic: the same ids
-    return FsdpWorker(opts, rank, world, model, optimizer, scheduler, data.encode_corpus(tokenizer), horizon)
+    return FsdpWorker(opts, rank, world, model, optimizer, scheduler, data.encode_corpus(tokenizer), horizon, dtype)
 
 
 def state_of(worker: FsdpWorker) -> dict[str, Any]:
@@ -168,7 +181,7 @@ def run_record(worker: FsdpWorker, resumed: int | None, seconds: float) -> dict[
     """run.json, with the keys the launcher's RunResult reads and the ZeRO-3 worker's names for the rest."""
     params = sum(p.numel() for p in worker.model.parameters())
     return {"worker": "fsdp2", "world_size": worker.world, "backend": "gloo", "device": "cpu",
-            "model": worker.opts.model, "dtype": "fp32", "seed": worker.opts.seed, "num_params": params,
+            "model": worker.opts.model, "dtype": worker.dtype, "seed": worker.opts.seed, "num_params": params,
             "vocab_size": get_preset(worker.opts.model).vocab_size, "resumed_from_step": resumed,
             "global_batch": worker.opts.global_batch, "schedule": {"horizon": worker.horizon},
             "steps": worker.history.steps, "losses": worker.history.losses, "lrs": worker.history.lrs,
@@ -193,7 +206,8 @@ def train(opts: TrainOptions) -> None:
     if folder:
         resume(worker, folder)
         if rank == 0:
-            print(f"resumed from {folder.name} at step {worker.start} on {world} rank(s) (FSDP2)", flush=True)
+            print(f"resumed from {folder.name} at step {worker.start} on {world} rank(s) (FSDP2, {worker.dtype})",
+                  flush=True)
     resumed = worker.start if folder else None
     loop(worker)
     if rank == 0:
