@@ -237,8 +237,12 @@ def offline_line(r0: dict[str, Any]) -> str:
             f"{mib(r0['bytes_written'])}; RSS peak +{mib(r0['extra_peak_bytes'])}, heap peak {heap_mib(r0)}")
 
 
-def summary_latency(output_dir: str | Path) -> dict[str, dict[str, float]]:
-    """Rank 0's `deepspeed.comm.log_summary` table from DIR/launch.log: op -> {'count', 'total_ms'}."""
+SIZE_UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30}  # deepspeed.utils.comms_logging.convert_size's units
+
+
+def deepspeed_comms_table(output_dir: str | Path) -> dict[str, dict[str, float]]:
+    """Rank 0's `deepspeed.comm.log_summary` table from DIR/launch.log: op -> {'count', 'bytes'} (message sizes as
+    DeepSpeed prints them, rounded to one decimal). DeepSpeed returns no such figures, it only prints them."""
     import re
 
     ops: dict[str, dict[str, float]] = {}
@@ -248,14 +252,43 @@ def summary_latency(output_dir: str | Path) -> dict[str, dict[str, float]]:
             continue
         text = line[len("[rank 0] "):]
         in_table = in_table or text.startswith("Comm. Op")
-        m = re.match(r"\s+[\d.]+ [KMG]?B\s+(\d+)\s+([\d.]+)", text)
+        m = re.match(r"\s+([\d.]+) ?([KMG]?B)\s+(\d+)\s", text)
         if in_table and re.match(r"[a-z_]+$", text.strip()):
             op = text.strip()
         elif in_table and op and m:
-            entry = ops.setdefault(op, {"count": 0, "total_ms": 0.0})
-            entry["count"] += int(m.group(1))
-            entry["total_ms"] += float(m.group(2))
+            entry = ops.setdefault(op, {"count": 0, "bytes": 0.0})
+            entry["count"] += int(m.group(3))
+            entry["bytes"] += float(m.group(1)) * SIZE_UNITS[m.group(2)] * int(m.group(3))
     return ops
+
+
+def comms_rows(output_dir: str | Path, costs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """DeepSpeed's own table of routes 1 and 2 (rank 0) beside the sum of this package's per-save records of them."""
+    table = deepspeed_comms_table(output_dir)
+    mine = [c for c in costs if c["rank"] == 0 and c["mode"] in WORKING_ROUTES]
+    rows = []
+    for op, logged in table.items():
+        if logged["bytes"] == 0:  # log_summary's own barrier: not part of a save
+            continue
+        ours = [c["comm_ops"].get(op, {}) for c in mine]
+        rows.append({"collective": op, "calls, DeepSpeed's table": f"{logged['count']:,}",
+                     "calls, per-save records": f"{sum(o.get('count', 0) for o in ours):,}",
+                     "MiB, DeepSpeed's table": f"{logged['bytes'] / 2**20:.2f}",
+                     "MiB, per-save records": f"{sum(o.get('bytes', 0) for o in ours) / 2**20:.2f}"})
+    return rows
+
+
+def comms_sentence(rows: list[dict[str, Any]], output_dir: str | Path) -> str:
+    """Whether DeepSpeed's table and the per-save records agree (calls equal, bytes within DeepSpeed's rounding)."""
+    agree = all(r["calls, DeepSpeed's table"] == r["calls, per-save records"] and abs(
+        float(r["MiB, DeepSpeed's table"]) - float(r["MiB, per-save records"])) <= 0.05 * max(
+        float(r["MiB, per-save records"]), 0.01) for r in rows)
+    return (f"DeepSpeed's own summary (`deepspeed.comm.log_summary()`, printed by rank 0 after routes 1 and 2, in full "
+            f"in `{Path(output_dir) / 'launch.log'}`) and the per-save records "
+            + ("agree: the same calls, and bytes within DeepSpeed's rounding of each message size to one decimal."
+               if agree else "DISAGREE (see the table): read the log.")
+            + " Its latency columns are left out: they are running totals since the job began (`timed_op` in "
+              "`deepspeed/comm/comm.py`), not the time of these saves.")
 
 
 def mib_or_dash(n: int | None) -> float | str:
@@ -328,37 +361,73 @@ def file_bytes_per_param(outputs: dict[str, str | Path], num_params: int) -> dic
 
 
 def dtype_answer(rows: list[dict[str, Any]], outputs: dict[str, str | Path], num_params: int, dtype: str) -> str:
-    """Exercise: what DTYPE changes in the consolidated files and in the proof, from the run's files."""
+    """Exercise: what DTYPE changed in the consolidated files and in the proof, from the run's files, against what
+    the other dtype gives (4 bytes per working weight in fp32, 2 in bf16; the masters are fp32 in both)."""
     per = file_bytes_per_param(outputs, num_params)
     equal = sum(r["equal"] == "yes" for r in rows)
     as_stored = sum(float(r["max abs difference as stored"]) == 0 for r in rows)
-    return (f"In this {dtype} run route 1's file holds {per['gathered16']:.2f} bytes per parameter and route 2's "
-            f"{per['per_param']:.2f} (the working weights), zero_to_fp32's {per['offline']:.2f} and the export's "
-            f"{per['hf']:.2f} (the fp32 masters). {as_stored} of {len(rows)} routes equal the engine's weights as "
-            f"stored, {equal} of {len(rows)} once the masters are rounded to the run's dtype.")
+    other = "fp32" if dtype == "bf16" else "bf16"
+    article = "an" if other == "fp32" else "a"
+    files = (f"route 1's file holds {per['gathered16']:.2f} bytes per parameter and route 2's {per['per_param']:.2f} "
+             f"(the working weights; {article} {other} run's would hold {bytes_per_param(other)}), zero_to_fp32's "
+             f"{per['offline']:.2f} and the export's {per['hf']:.2f} (the fp32 masters, {FP32_BYTES} in either dtype)")
+    proof = (f"{as_stored} of {len(rows)} routes equal the engine's weights as stored, {equal} of {len(rows)} once the "
+             "masters are rounded to bf16" if dtype == "bf16" else
+             f"{as_stored} of {len(rows)} routes equal the engine's weights as stored: in fp32 the masters are the "
+             "working weights")
+    then = (" In an fp32 run all four would equal them as stored: the bits bf16 rounds away are what set the "
+            "masters apart." if dtype == "bf16" else
+            " Set DTYPE = \"bf16\" to see routes 1-2 halve while routes 3-4 stay, and the masters differ from the "
+            "working weights as stored.")
+    return f"In this {dtype} run {files}. {proof}.{then}"
 
 
-def world_size_answer(summary: list[dict[str, Any]], world_size: int, num_params: int, param_bytes: int) -> str:
-    """Exercise: what N changes: the partitioned files shrink as 1/N, a consolidated copy stays the whole model."""
-    by = {r["route"]: r for r in summary}
-    return (f"With N = {world_size}, rank 0 wrote {by['partitioned']['written MiB, rank 0']} MiB in the partitioned "
-            f"save (its 1/N share of the fp32 weights and Adam's moments), while route 2 wrote "
-            f"{by['per_param']['written MiB, rank 0']} MiB on rank 0: the whole model ({mib(num_params * param_bytes)}"
-            " of working weights), whatever N.")
+def world_size_answer(summary: list[dict[str, Any]], world_size: int, num_params: int, param_bytes: int,
+                      model: str, dtype: str, threshold: int) -> str:
+    """Exercise: what N changed: rank 0's partitioned files against the cost model's for the default N (or N = 3
+    when this run is the default), and route 2, which writes and gathers the whole model whatever N."""
+    from zckpt_nb.plan.costs import predict
+
+    by, other = {r["route"]: r for r in summary}, 3 if world_size == 2 else 2
+    mine = by["partitioned"]["written MiB, rank 0"]
+    theirs = predict(model, other, dtype, threshold).partitioned["per_rank_file_bytes"] / 2**20
+    told = "the default" if other == 2 else "the one to try"
+    return (f"With N = {world_size}, rank 0 wrote {mine:.2f} MiB in the partitioned save: its 1/N share of the fp32 "
+            f"masters and Adam's moments. For N = {other} ({told}) the cost model predicts {theirs:.2f} MiB per rank: "
+            f"this run's share is {mine / theirs:.2f} x that ({other}/{world_size} = {other / world_size:.2f}). "
+            f"Route 2 did not shrink: rank 0 wrote {by['per_param']['written MiB, rank 0']:.2f} MiB (the whole model, "
+            f"{mib(num_params * param_bytes)} of working weights) and all-gathered "
+            f"{by['per_param']['all-gathered / model']:.2f} x the model, whatever N.")
+
+
+def partitioned_comm_sentence(costs: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
+    """The principle's "None (each rank saves locally)" against what rank 0's partitioned save really exchanged."""
+    r0 = last_per_rank(costs, "partitioned")[0]
+    ops, gathered = r0["comm_ops"], {r["route"]: r for r in summary}["partitioned"]["all-gathered / model"]
+    count = {op: ops.get(op, {}).get("count", 0) for op in ("barrier", "all_reduce", "all_gather_into_tensor")}
+    regather = (f"; and it all-gathered {gathered:.2f} x the model: the {count['all_gather_into_tensor']} tensors "
+                "kept whole by `stage3_param_persistence_threshold` (notebook 01), gathered again after the save"
+                if count["all_gather_into_tensor"] else "")
+    protocol = (f"; this package's save added {r0['protocol_comm_ops']} object collectives of "
+                f"{r0['protocol_comm_bytes']:,} B in all (`all_gather_object`: every rank learns whether every "
+                "other rank's files were written; notebook 05 teaches this agreement)"
+                if r0["protocol_comm_ops"] else "")
+    return (f"**Partitioned save, \"None (each rank saves locally)\"**: imprecise. Each rank wrote only its own "
+            f"share, and {'no weight moved (all-gathered 0.00 x the model)' if not regather else 'its slices stayed'}, "
+            f"but the save is not free of communication: inside DeepSpeed's `save_checkpoint` rank 0 ran "
+            f"{count['barrier']} barrier(s) and {count['all_reduce']} all-reduce(s), {r0['comm_bytes']:,} B logged "
+            "(the all-reduces are `_checkpoint_tag_validation`: every rank must save under the same tag)"
+            f"{regather}{protocol}. Every rank waits at these for the slowest, so a partitioned save is a "
+            "synchronisation point, and a rank that skips it hangs the others (notebook 05).")
 
 
 def principle_sentences(costs: list[dict[str, Any]], summary: list[dict[str, Any]]) -> list[str]:
     """Where the principle's table is right and where it is imprecise, from this run's records."""
-    by, logged = {r["route"]: r for r in summary}, last_per_rank(costs, "partitioned")[0]["comm_bytes"]
-    part, g16, pp = by["partitioned"], by["gathered16"], by["per_param"]
-    moved = "no weights (all-gathered 0.00 x the model)" if part["all-gathered / model"] < 0.01 else (
-        f"all-gathered {part['all-gathered / model']:.2f} x the model")
+    by = {r["route"]: r for r in summary}
+    g16, pp = by["gathered16"], by["per_param"]
     offline = {m: last_per_rank(costs, m)[0] for m in MASTER_ROUTES if m in by}
     return [
-        f"**Partitioned save, \"None (each rank saves locally)\"**: each rank wrote its own share, and rank 0's "
-        f"collectives inside `save_checkpoint` moved {logged:,} B: {moved}. "
-        + ("Right about the weights; the few bytes are DeepSpeed's own checks." if part["all-gathered / model"] < 0.01
-           else "Imprecise: the save is not free of communication."),
+        partitioned_comm_sentence(costs, summary),
         f"**Consolidated save, \"Full P on rank 0, all-gather across N ranks\"**: route 2 wrote "
         f"{pp['written MiB, rank 0']} MiB on rank 0 and all-gathered {pp['all-gathered / model']:.2f} x the model"
         + (" (parameters kept whole by `stage3_param_persistence_threshold` need no gather)"
@@ -380,10 +449,12 @@ def logits_check(model_dir: str | Path, reference: str | Path, dtype: str) -> di
     """The export loaded with transformers alone, cast to the run's dtype, against the engine's logits on the
     engine's batch (like with like); tolerance absolute in fp32, relative to the largest logit in bf16."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from zckpt_nb.convert.export import load_model, logits
 
     ref = torch.load(reference, map_location="cpu", weights_only=True)
+    hf_logging.disable_progress_bar()  # "Loading weights" would stay in the notebook as a frozen, half-drawn bar
     model = load_model(model_dir)
     out = logits(model.to(torch.bfloat16) if dtype == "bf16" else model, ref["input_ids"]).float()
     diff = float((out - ref["logits"]).abs().max())

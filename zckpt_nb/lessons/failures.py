@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.layout import committed_tags
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, committed_tags, latest_name, tag_for, tag_step
+from zckpt_nb.lessons.claims import RESUME_TOLERANCE
 from zckpt_nb.run.launch import RunResult
+
+DEFAULT_COLLECTIVE_TIMEOUT = 5.0  # notebook 05's defaults, which its exercises' answers compare against
+DEFAULT_KEEP_LAST = 2
+DEFAULT_NPROC = 2
 
 
 def deepspeed_latest_lines() -> str:
@@ -24,30 +30,72 @@ def deepspeed_latest_lines() -> str:
     return "".join(f"{node.lineno + i:5d} {line}\n" for i, line in enumerate(lines[start:], start))
 
 
-def hang_answer(seconds: float, collective_timeout: float, failed: bool, committed: list[str]) -> str:
-    """Exercise: how long the rank-0-only save ran before it ended, against the collective timeout."""
-    if not failed:
+class LineClock:
+    """An `on_line` for `launch`: seconds after the launch at which rank 0 printed step `step` (the save follows it)
+    and at which any rank printed its first error line."""
+
+    def __init__(self, step: int) -> None:
+        self.start, self.step, self.marks = time.monotonic(), f"step {step}/", {}
+
+    def __call__(self, who: str, text: str) -> None:
+        if who == "rank 0" and text.startswith(self.step):
+            self.marks.setdefault("save", time.monotonic() - self.start)
+        elif "save" in self.marks and "error" in text.lower():
+            self.marks.setdefault("error", time.monotonic() - self.start)
+
+
+def hang_answer(seconds: float, clock: LineClock, collective_timeout: float, committed: list[str],
+                default: float = DEFAULT_COLLECTIVE_TIMEOUT) -> str:
+    """Exercise: how long the rank-0-only save ran, split at the save and the first error, against the timeout, and
+    what another timeout would give (the default's, or 15 s when this run is the default)."""
+    if "error" not in clock.marks:
         return (f"The job finished in {seconds:.0f} s: with one rank nobody waits for anybody, so the rank-0 guard "
                 "cannot hang (and hides the bug until the job runs on two ranks).")
-    return (f"The job ended after {seconds:.0f} s with a collective timeout of {collective_timeout} s (the rest is "
-            f"start-up and training up to the save); checkpoints committed: {', '.join(committed) or 'none'}.")
+    before, waited = clock.marks["save"], clock.marks["error"] - clock.marks["save"]
+    other = 15.0 if collective_timeout == default else default
+    return (f"The ranks reached the save after {before:.1f} s of start-up and training; the first error line came "
+            f"{waited:.1f} s later (collective timeout {collective_timeout:g} s); torchrun had stopped every rank "
+            f"{seconds - clock.marks['error']:.1f} s after that: {seconds:.1f} s in all, checkpoints committed: "
+            f"{', '.join(committed) or 'none'}. The wait is the timeout, the rest does not depend on it: with "
+            f"COLLECTIVE_TIMEOUT = {other:g} expect about {seconds - collective_timeout + other:.0f} s.")
 
 
-def rotation_answer(run: RunResult, keep_last: int) -> str:
-    """Exercise: which committed checkpoints `--keep_last` kept, and which it deleted, from the run's files."""
+def rotation_sentence(run: RunResult, keep_last: int) -> str:
+    """What `--keep_last` kept and deleted in this run, from its files and its record."""
     deleted = [t for s in run.ranks[0]["saves"] for t in s["deleted"]]
     kept = committed_tags(run.output_dir)
-    return (f"With --keep_last {keep_last}, {len(kept)} committed checkpoint(s) remain ({', '.join(kept)}); "
-            f"rotation deleted {', '.join(deleted) or 'nothing'}, each only after a newer save had committed.")
+    return (f"Rotation (--keep_last {keep_last}) left {', '.join(kept)} and deleted {', '.join(deleted) or 'nothing'}, "
+            "each only after a newer save had committed.")
 
 
-def resume_sentence(uninterrupted: RunResult, resumed: RunResult) -> str:
-    """The crash-and-resume check: where the resume started and how far its losses lie from the uninterrupted run."""
+def rotation_answer(run: RunResult, keep_last: int, default: int = DEFAULT_KEEP_LAST) -> str:
+    """Exercise: which committed checkpoints `--keep_last` kept, against what the default (or 1, when this run is
+    the default) keeps of the same saves."""
+    deleted = [t for s in run.ranks[0]["saves"] for t in s["deleted"]]
+    kept = committed_tags(run.output_dir)
+    every = sorted(set(kept) | set(deleted), key=tag_step)
+    other = 1 if keep_last == default else default
+    return (f"With --keep_last {keep_last}, {len(kept)} of the {len(every)} committed checkpoint(s) remain "
+            f"({', '.join(kept)}) and rotation deleted {', '.join(deleted) or 'nothing'}. Of the same saves, "
+            f"--keep_last {other} would keep {', '.join(every[-other:])}: the newest K, never one before a newer "
+            "one has committed.")
+
+
+def resume_sentence(uninterrupted: RunResult, resumed: RunResult, dtype: str) -> str:
+    """The crash-and-resume check: where the resume started and how far its losses lie from the uninterrupted run,
+    against the tolerance the run's dtype can meet (`claims.RESUME_TOLERANCE`)."""
     by_step = dict(zip(uninterrupted.steps, uninterrupted.losses))
     diff = max(abs(by_step[s] - loss) for s, loss in zip(resumed.steps, resumed.losses))
+    tolerance = RESUME_TOLERANCE[dtype]
+    how = ("bit for bit the same" if diff == 0 else f"{'within' if diff <= tolerance else 'OUTSIDE'} the "
+           f"{tolerance:.0e} a {dtype} resume can meet")
     return (f"The run killed during its step-8 save resumed from step {resumed.data['resumed_from_step']}, the newest "
-            f"committed checkpoint; its losses differ from the uninterrupted run's by at most {diff:.1e}"
-            + (" (bit for bit the same)." if diff == 0 else "."))
+            f"committed checkpoint; its losses differ from the uninterrupted run's by at most {diff:.1e} ({how}).")
+
+
+def log_steps(steps: list[int]) -> list[int]:
+    """Steps as the log counts them ("step k" is the k-th update), as every plot of notebook 05 draws them."""
+    return [s + 1 for s in steps]
 
 
 def save_phases(saves: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -55,8 +103,115 @@ def save_phases(saves: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"tag": s["tag"], **{f"{k} (ms)": f"{v * 1000:.1f}" for k, v in s["timings"].items()}} for s in saves]
 
 
-def crash_answer(crash_dir: str | Path, report: str, resumed: RunResult) -> str:
-    """Exercise: what the ranks said when the last one was killed mid-save, and where the resume started."""
+def rank_files(pairs: set[tuple[str, str]]) -> str:
+    """(rank, kind) pairs of rank files as 'rank 0 model, rank 1 optim', or 'none'."""
+    return ", ".join(f"rank {r} {k}" for r, k in sorted(pairs)) or "none"
+
+
+def left_behind(ckpt_dir: str | Path, step: int, nproc: int) -> dict[str, Any]:
+    """What a save killed at `step` left on disk: where `latest` points, which rank files the step's folder holds and
+    lacks, and whether it has a manifest."""
+    folder = Path(ckpt_dir) / tag_for(step)
+    found = {m.group(1, 2) for p in (folder.iterdir() if folder.is_dir() else []) if (m := RANK_FILE.search(p.name))}
+    every = {(str(r), kind) for r in range(nproc) for kind in ("model", "optim")}
+    return {"`latest` names": latest_name(ckpt_dir) or "nothing", f"{folder.name} holds": rank_files(found & every),
+            f"{folder.name} lacks": rank_files(every - found),
+            "its manifest": "yes" if (folder / MANIFEST).is_file() else "no",
+            "committed checkpoints": ", ".join(committed_tags(ckpt_dir)) or "none"}
+
+
+def crash_rows(dirs: dict[str, str | Path], step: int, nproc: int) -> list[dict[str, Any]]:
+    """One row per save kind (DeepSpeed's save alone, the commit protocol) killed at the same moment."""
+    return [{"save": kind, **left_behind(d, step, nproc)} for kind, d in dirs.items()]
+
+
+def crash_sentence(rows: list[dict[str, Any]], step: int) -> str:
+    """What a resume that trusts `latest` would load after each save kind's crash, from `crash_rows`."""
+    tag = tag_for(step)
+    said = []
+    for r in rows:
+        complete = r[f"{tag} lacks"] == "none"
+        if r["`latest` names"] != tag:
+            said.append(f"after {r['save']}, `latest` names {r['`latest` names']}, the checkpoint before the crash")
+        else:
+            said.append(f"after {r['save']}, `latest` names {tag}, " + (
+                "complete but never checked" if complete else f"which lacks {r[f'{tag} lacks']}"))
+    return ("The same kill, at the same moment: " + "; ".join(said) + ". `engine.load_checkpoint(dir)` reads the tag "
+            "`latest` names; only a checkpoint with a manifest was seen complete on every rank.")
+
+
+def crash_answer(crash_dir: str | Path, report: str, resumed: RunResult, nproc: int,
+                 default: int = DEFAULT_NPROC) -> str:
+    """Exercise: what the ranks said when the last one was killed mid-save, and where the resume started, against
+    the default world size."""
     said = "\n".join(report.splitlines()[1:-1])
-    return (f"Each rank's own line ({Path(crash_dir) / 'launch.log'} holds everything):\n\n```\n{said}\n```\n\n"
-            f"The resume started from step {resumed.data['resumed_from_step']}: the newest checkpoint with a manifest.")
+    other = 3 if nproc == default else default
+    return (f"With N = {nproc}, rank {nproc - 1} was killed and {nproc - 1} other rank(s) spoke; each rank's own line "
+            f"({Path(crash_dir) / 'launch.log'} holds everything):\n\n```\n{said}\n```\n\n"
+            f"The resume started from step {resumed.data['resumed_from_step']}, the newest checkpoint with a manifest. "
+            f"With N = {other} the same would hold: {max(other - 1, 0)} surviving rank(s) would each print the same "
+            "kind of line, and the kill hits the same save, so the resume starts from the same step whatever N.")
+
+
+def peer_failure_rows(rank: int, tag: str) -> list[dict[str, str]]:
+    """How the save path classifies what a rank sees when a peer dies, shown on errors built here (NCCL's message
+    as torch raises it): a peer failure stops every rank with one line; a disk error is this rank's own."""
+    import torch.distributed as dist
+
+    from zckpt_nb.errors import is_peer_failure, peer_failure
+
+    seen = {"NCCL, a dead peer": dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp, remote process exited "
+                                                       "or there was a network error"),
+            "gloo, a dead peer (section 5)": RuntimeError("[gloo/transport/tcp/pair.cc] Connection closed by peer"),
+            "a full disk (section 4)": OSError(28, "No space left on device")}
+    return [{"what the rank sees": kind, "exception": type(err).__name__,
+             "is_peer_failure": "yes" if is_peer_failure(err) else "no",
+             "the save path then": str(peer_failure(err, rank, f"save of {tag}")) if is_peer_failure(err) else
+             "this rank's write error, shared in the agreement; training goes on (or stops, --on_save_error)"}
+            for kind, err in seen.items()]
+
+
+def deepspeed_default_timeout() -> float:
+    """Seconds of `deepspeed.init_distributed`'s default timeout (`deepspeed/constants.py`, $DEEPSPEED_TIMEOUT),
+    read from that one file: importing `deepspeed` itself would set up an accelerator in this kernel for one number."""
+    from importlib.util import find_spec, module_from_spec, spec_from_file_location
+
+    path = Path(find_spec("deepspeed").origin).parent / "constants.py"
+    spec = spec_from_file_location("deepspeed_constants", path)
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.default_pg_timeout.total_seconds()
+
+
+def timeout_rows(collective_timeout: float) -> list[dict[str, str]]:
+    """The timeouts a waiting collective can meet, read from the installed packages where they live."""
+    from torch.distributed import constants
+
+    from zckpt_nb.saving.api import collective_seconds
+
+    nccl = constants.default_pg_nccl_timeout
+    rows = [("section 2's job (COLLECTIVE_TIMEOUT)", collective_timeout,
+             "--collective_timeout, passed to deepspeed.init_distributed"),
+            ("this package's worker, by default", collective_seconds(None), "$ZCKPT_COLLECTIVE_TIMEOUT"),
+            ("deepspeed.init_distributed, by default", deepspeed_default_timeout(), "$DEEPSPEED_TIMEOUT"),
+            ("torch's init_process_group without one: gloo", constants.default_pg_timeout.total_seconds(), "torch"),
+            ("torch's init_process_group without one: NCCL", nccl.total_seconds() if nccl else 600.0,
+             "torch" if nccl else "torch (ProcessGroupNCCL's default; this CPU build of torch has no NCCL)")]
+    return [{"timeout": name, "seconds": f"{value:,.0f}", "set by": by} for name, value, by in rows]
+
+
+def job_reports(results: dict[str, Any], dirs: dict[str, str | Path]) -> dict[str, str]:
+    """Each job of `together` in a few lines: `failure_report` for a failed launch, 'the job finished' otherwise;
+    any other exception is raised (it is not the failure the lesson shows)."""
+    from zckpt_nb.errors import LaunchError
+    from zckpt_nb.run.logs import failure_report
+
+    reports = {}
+    for key, result in results.items():
+        if isinstance(result, LaunchError):
+            reports[key] = failure_report(result, dirs[key])
+        elif isinstance(result, Exception):
+            raise result
+        else:
+            reports[key] = "the job finished"
+    return reports

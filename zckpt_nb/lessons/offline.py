@@ -129,3 +129,24 @@ def memory_verdict(rows: list[dict[str, Any]], size: str) -> str:
             f"{e['wall s']} s ({e['wall / zero_to_fp32.py']} x the time). The lower peak: {lower}. The export "
             f"{'stayed within' if e['within goal'] == 'yes' else 'exceeded'} the goal of the baseline plus 1.25 x its "
             f"largest shard ({e['goal MiB']} MiB).")
+
+
+NOISE_MIB = 2  # peaks sampled every 20 ms and rounded to whole MiB: a change of 2 MiB or less is a tie
+
+
+def shard_size_answer(rows: list[dict[str, Any]]) -> str:
+    """Exercise: whether each route's peak followed `--max_shard_size`, every size against the first one measured."""
+    sizes = list(dict.fromkeys(r["--max_shard_size"] for r in rows))
+    if len(sizes) < 2:
+        return (f"Only `--max_shard_size {sizes[0]}` was measured: put two sizes in SHARD_SIZES (for example "
+                "[\"5GB\", \"1MB\"]) and run again; this answer then compares their peaks.")
+    first, lines = sizes[0], []
+    for route in ROUTES:
+        peak = {r["--max_shard_size"]: r["above baseline MiB"] for r in rows if r["route"] == route}
+        moves = [f"{peak[s]} MiB at {s}" for s in sizes]
+        same = all(abs(peak[s] - peak[first]) <= NOISE_MIB for s in sizes[1:])
+        lines.append(f"{route} peaked {', '.join(moves)} above the baseline: "
+                     + ("the same within the sampling noise (2 MiB): it does not follow the shard size here."
+                        if same else f"it changed by up to "
+                        f"{max(abs(peak[s] - peak[first]) for s in sizes[1:])} MiB with the shard size."))
+    return " ".join(lines)
