@@ -12,6 +12,8 @@ import nbformat
 import pytest
 
 from zckpt_nb.convert.inspect import inspect_checkpoint
+from zckpt_nb.convert.safeload import load as safe_load
+from zckpt_nb.examples.checkpoint_contents import FREEZE
 from zckpt_nb.format.layout import committed_tags, tag_for
 from zckpt_nb.lessons import claims, consolidation, failures, offline, partitions, save_modes, stall, worlds
 from zckpt_nb.lessons.compare import agreement, select
@@ -19,11 +21,20 @@ from zckpt_nb.lessons.contents import (
     bf16_sentence,
     excluded_sentence,
     fine_tune_sentence,
+    freeze_answer,
     frozen_sentence,
     holdings_rows,
+    nproc_answer,
 )
 from zckpt_nb.lessons.dcp import dcp_rows, fsdp_answer, leg_gaps, round_trip_sentence, switch_answer
-from zckpt_nb.lessons.minimal import resume_sentence, shard_answer, shard_sentence, step_losses
+from zckpt_nb.lessons.minimal import (
+    rank_file,
+    resume_answer,
+    resume_sentence,
+    shard_answer,
+    shard_sentence,
+    step_losses,
+)
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
 from zckpt_nb.lessons.own_model import max_difference, partition_answer
@@ -40,7 +51,7 @@ BY_PREFIX = {p.name[:2]: p for p in NOTEBOOKS}
 MATRIX = [
     ("01", {"WORLD_SIZES": [1, 3], "THRESHOLD_NPROC": 3, "PERSISTENCE_THRESHOLD": 100_000, "OTHER_THRESHOLD": 0,
             "DTYPE": "bf16"}),
-    ("02", {"NPROC": 3, "RESUME_STEP": 1}),
+    ("02", {"NPROC": 3, "RESUME_STEP": 1, "DTYPE": "bf16"}),
     ("03", {"NPROC": 3, "FREEZE": "embeddings"}),
     ("04", {"NPROC": 3, "MODEL": "tiny", "DTYPE": "bf16", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
     ("05", {"NPROC": 1, "KEEP_LAST": 1}),
@@ -84,13 +95,18 @@ def markdown_outputs(nb: nbformat.NotebookNode) -> str:
 
 def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 01's verdicts equal the ones its own measurements give."""
-    text, dtype = markdown_outputs(nb), {**parameter_defaults(BY_PREFIX["01"]), **parameters}["DTYPE"]
+    text, get = markdown_outputs(nb), {**parameter_defaults(BY_PREFIX["01"]), **parameters}
     dirs = sorted(runs.glob("n*"), key=lambda d: int(d.name[1:]))
     rows = [claims.partition_row(RunResult.from_dir(d, [], 0.0)) for d in dirs]
+    every = rows + [claims.partition_row(RunResult.from_dir(d, [], 0.0)) for d in runs.glob("threshold_*")]
     infos = [inspect_checkpoint(d) for d in dirs]
+    dtype = RunResult.from_dir(dirs[0], [], 0.0).data["dtype"]  # DTYPE "auto" resolved by the notebook's kernel
+    assert get["DTYPE"] in ("auto", dtype)
     assert claims.scaling_sentence(rows) in text
-    assert partitions.padding_answer(infos) in text and partitions.threshold_answer(rows) in text
-    assert partitions.dtype_answer(infos[-1], dtype) in text and f"In {dtype}, rank" in text
+    assert partitions.padding_answer(infos, "tiny") in text  # exercise answers: for this run's parameters
+    assert partitions.threshold_answer(rows, every, "tiny", dtype) in text
+    assert partitions.dtype_answer(infos[-1], dtype, "tiny", get["PERSISTENCE_THRESHOLD"]) in text
+    assert partitions.comm_verdict(every) in text
     # the slices only: the predicted header bytes came out a few hundred bytes apart in the kernel and in pytest
     assert partitions.prediction_sentence(infos, "tiny", rows[0]["threshold"], dtype).split(";")[0] in text
 
@@ -103,10 +119,17 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                                                                                              "minimal_resumed"))
     assert sorted(full) == list(range(1, get["STEPS"] + 1))
     assert sorted(resumed) == list(range(get["RESUME_STEP"] + 1, get["STEPS"] + 1))
-    assert resume_sentence(full, resumed) in text  # exercise 2's answer
+    state = safe_load(rank_file(runs / "minimal", tag_for(get["STEPS"]), "model"))
+    dtype = "bf16" if state["ds_config"].get("bf16", {}).get("enabled") else "fp32"  # what "auto" resolved to
+    assert get["DTYPE"] in ("auto", dtype)
+    diff = max(abs(full[s] - resumed[s]) for s in resumed)
+    assert diff <= claims.RESUME_TOLERANCE[dtype], (dtype, diff)  # the minimal worker's resume, in this dtype
+    assert resume_sentence(full, resumed, dtype) in text
+    logs = [(runs / d / "launch.log").read_text().splitlines() for d in ("minimal", "minimal_resumed")]
+    assert resume_answer(*logs, runs / "minimal", tag_for(get["RESUME_STEP"]), dtype) in text  # exercise 2
     info = inspect_checkpoint(runs / "minimal", tag_for(get["STEPS"]))
     assert info.world_size == get["NPROC"]
-    assert shard_answer(info) in text and shard_sentence(info, get["DTYPE"]) in text  # exercise 1's answer
+    assert shard_answer(info) in text and shard_sentence(info, dtype) in text  # exercise 1's answer
 
 
 def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
@@ -119,8 +142,10 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     nproc = {**parameter_defaults(BY_PREFIX["03"]), **parameters}["NPROC"]
     assert inspect_checkpoint(runs / "bf16").world_size == nproc
     assert rows[3]["frozen weights (MiB)"] == 0 < rows[2]["frozen weights (MiB)"]
-    assert frozen_sentence(rows, loads["counts"]) in text  # exercise 1's answer
-    assert bf16_sentence(rows, p) in text  # exercise 2's answer
+    get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
+    assert frozen_sentence(rows, loads["counts"]) in text and bf16_sentence(rows, p) in text
+    assert freeze_answer(rows, loads, get["FREEZE"], FREEZE, "tiny") in text  # exercise 1's answer
+    assert nproc_answer(runs, p, nproc, "tiny") in text  # exercise 2's answer
     assert excluded_sentence(loads) in text and fine_tune_sentence(loads) in text
 
 

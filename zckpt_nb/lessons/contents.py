@@ -5,6 +5,7 @@ from what `zckpt_nb.examples.checkpoint_contents` loaded back.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from zckpt_nb.convert.inspect import shard_paths, tensor_bytes
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.format.layout import latest_name
 from zckpt_nb.lessons.own_model import run_example
+from zckpt_nb.model import meta_model
+from zckpt_nb.plan.costs import predict
 
 CONTENTS = "zckpt_nb.examples.checkpoint_contents"
 FOLDERS = ("fp32", "bf16", "frozen", "frozen_excluded")
@@ -53,13 +56,19 @@ def holdings_rows(root: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def same_size(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two checkpoints' totals are within 1% of each other."""
+    return abs(a["total (MiB)"] - b["total (MiB)"]) <= 0.01 * b["total (MiB)"]
+
+
 def bf16_sentence(rows: list[dict[str, Any]], num_params: int) -> str:
     """The bf16 checkpoint against the fp32 one: sizes and bytes per parameter of weights and moments."""
     fp32, bf16 = rows[0], rows[1]
     per = {r["checkpoint"]: (r[KINDS[0]] + r[KINDS[1]]) * 2**20 / num_params for r in (fp32, bf16)}
-    same = "the same size" if abs(bf16["total (MiB)"] - fp32["total (MiB)"]) <= 0.01 * fp32["total (MiB)"] else \
-        f"{bf16['total (MiB)'] / fp32['total (MiB)']:.2f} times the fp32 one"
-    return (f"The bf16 checkpoint ({bf16['total (MiB)']:.3f} MiB) is {same} ({fp32['total (MiB)']:.3f} MiB): both "
+    same = "the same size as" if same_size(bf16, fp32) else \
+        f"{bf16['total (MiB)'] / fp32['total (MiB)']:.2f} times the size of"
+    return (f"The bf16 checkpoint ({bf16['total (MiB)']:.3f} MiB) is {same} the fp32 one ({fp32['total (MiB)']:.3f} "
+            f"MiB): both "
             f"hold fp32 tensors only, {per['bf16']:.1f} bytes per parameter in the bf16 run and {per['fp32']:.1f} in "
             f"the fp32 run: the fp32 master "
             f"weights and Adam's two fp32 moments. The bf16 working copy the forward pass used is not saved at all "
@@ -72,7 +81,8 @@ def frozen_sentence(rows: list[dict[str, Any]], counts: dict[str, int]) -> str:
     full, excluded = rows[2], rows[3]
     share = counts["frozen"] / (counts["frozen"] + counts["trainable"])
     return (f"With {counts['frozen']:,} of {counts['frozen'] + counts['trainable']:,} parameters frozen ({share:.0%}), "
-            f"the default save wrote {full['total (MiB)']:.3f} MiB, {full[KINDS[2]]:.3f} MiB of it the frozen weights "
+            f"a plain `save_checkpoint` wrote {full['total (MiB)']:.3f} MiB, {full[KINDS[2]]:.3f} MiB of it the frozen "
+            "weights "
             f"(each rank's slice, in its model-states file, with no Adam moments since they never train); "
             f"`exclude_frozen_parameters=True` wrote {excluded['total (MiB)']:.3f} MiB "
             f"({excluded['total (MiB)'] / full['total (MiB)']:.0%} of it), the frozen weights left out.")
@@ -94,8 +104,8 @@ def restored(loads: dict[str, Any]) -> dict[str, dict[str, bool | None]]:
 def optimizer_rows(loads: dict[str, Any]) -> list[dict[str, Any]]:
     """What each load set the optimizer and the scheduler to, against the run that saved."""
     return [{"load": "(the run that saved, fp32)" if name == "saved" else name,
-             "engine.global_steps": loads[name]["global_steps"], "LR": loads[name]["lr"],
-             "Adam's step": loads[name]["adam_step"], "sum of abs(exp_avg)": round(loads[name]["exp_avg_abs_sum"], 3)}
+             "engine.global_steps": loads[name]["global_steps"], "LR": f"{loads[name]['lr']:.4f}",
+             "Adam's step": loads[name]["adam_step"], "sum of abs(exp_avg)": f"{loads[name]['exp_avg_abs_sum']:.3f}"}
             for name in ("saved", *LOADS)]
 
 
@@ -130,3 +140,70 @@ def fine_tune_sentence(loads: dict[str, Any]) -> str:
             f"{back(module_only['trainable_max_diff'])}"
             + (": under ZeRO-3 the module file holds no weights, only placeholders, so this warm start silently "
                "keeps the new model's own init." if module_only["trainable_max_diff"] else "."))
+
+
+def frozen_numel(model: str, rule: Callable[[str, int], bool]) -> int:
+    """Parameters of preset `model` that `rule(name, n_layer)` freezes, counted on the meta device."""
+    module = meta_model(model)
+    return sum(p.numel() for name, p in module.named_parameters() if rule(name, module.config.n_layer))
+
+
+def freeze_answer(rows: list[dict[str, Any]], loads: dict[str, Any], freeze: str,
+                  rules: dict[str, Callable[[str, int], bool]], model: str, default: str = "all_but_last_block") -> str:
+    """Exercise 1: what this run's `freeze` froze and what excluding it saved, against the default's frozen share
+    (counted from the config) and the bytes its frozen weights take (4 per parameter, fp32)."""
+    full, excluded = rows[2], rows[3]
+    p = loads["counts"]["frozen"] + loads["counts"]["trainable"]
+    strict = "failed" if loads["frozen_excluded"]["strict_load_error"] else "worked"
+    text = (f"`FREEZE = \"{freeze}\"` froze {loads['counts']['frozen']:,} of {p:,} parameters "
+            f"({loads['counts']['frozen'] / p:.0%}): `exclude_frozen_parameters=True` wrote "
+            f"{excluded['total (MiB)']:.3f} MiB, {excluded['total (MiB)'] / full['total (MiB)']:.0%} of the "
+            f"{full['total (MiB)']:.3f} MiB the save with them wrote, and the strict load of it {strict}.")
+    if freeze == default:
+        return f"{text} That is the default `FREEZE`: set it to \"embeddings\" and run again to compare."
+    other = frozen_numel(model, rules[default])
+    return (f"{text} The default `FREEZE = \"{default}\"` freezes {other:,} ({other / p:.0%}): its frozen weights "
+            f"take about {4 * other / 2**20:.3f} MiB of every save (4 bytes each), against "
+            f"{full[KINDS[2]]:.3f} MiB here: excluding them drops "
+            + ("as much as" if loads["counts"]["frozen"] == other else
+               "less than" if loads["counts"]["frozen"] < other else "more than") + " it does by default.")
+
+
+def nproc_answer(root: str | Path, num_params: int, nproc: int, model: str, default: int = 2) -> str:
+    """Exercise 2: the bf16 and fp32 checkpoints of the run in `root` at this N, bytes per parameter and padding,
+    against the default N (the cost model's padding, exact to the element in notebook 01)."""
+    found = {name: holdings(Path(root) / name) for name in ("fp32", "bf16")}
+    total = {name: sum(f.values()) for name, f in found.items()}
+    per = {name: (f[KINDS[0]] + f[KINDS[1]]) / num_params for name, f in found.items()}
+    here, base = predict(model, nproc), predict(model, default)
+    same = "as large as" if abs(total["bf16"] - total["fp32"]) <= 0.01 * total["fp32"] else \
+        f"{total['bf16'] / total['fp32']:.2f} times"
+    text = (f"At N = {nproc} the bf16 checkpoint ({total['bf16'] / 2**20:.3f} MiB) is {same} the fp32 one "
+            f"({total['fp32'] / 2**20:.3f} MiB); their weights and moments hold {per['bf16']:.4f} and "
+            f"{per['fp32']:.4f} bytes per parameter, where 12 bytes for each of the P parameters and each of the "
+            f"{here.padding_numel:,} padding elements (the cost model's at N = {nproc}) give "
+            f"{12 * (num_params + here.padding_numel) / num_params:.4f}.")
+    if nproc == default:
+        return f"{text} That is the default `NPROC`: set `NPROC = 3` and run again to see padding."
+    return (f"{text} At the default N = {default} the cost model gives {base.padding_numel:,} padding elements, so "
+            f"{12 * (num_params + base.padding_numel) / num_params:.4f} bytes per parameter: N changed the padding, "
+            "the training dtype changed nothing.")
+
+
+def summary_lines(rows: list[dict[str, Any]], loads: dict[str, Any]) -> list[str]:
+    """The lesson in three short lines, each pointing back to the section that measured it."""
+    fp32, bf16, full, excluded = rows
+    strict = "fails" if loads["frozen_excluded"]["strict_load_error"] else "works"
+    module_only = loads["load_module_only=True"]["trainable_max_diff"] == 0
+    warm = loads["load_optimizer_states=False"]["trainable_max_diff"] == 0
+    return [
+        ("A bf16 checkpoint is the optimizer's fp32 state under another file name" if same_size(bf16, fp32) else
+         "The bf16 checkpoint's size differs from the fp32 one's")
+        + f": {bf16['total (MiB)']:.3f} MiB against {fp32['total (MiB)']:.3f} MiB in fp32 (section 1).",
+        f"Frozen weights go into every save unless excluded; `exclude_frozen_parameters=True` wrote "
+        f"{excluded['total (MiB)'] / full['total (MiB)']:.0%} of that, and a strict load of what it wrote {strict} "
+        "(section 2).",
+        "To warm-start, `load_optimizer_states=False, load_lr_scheduler_states=False` "
+        + ("restored the weights exactly" if warm else "did not restore the weights")
+        + "; `load_module_only=True` " + ("did too" if module_only else "did not, under ZeRO-3") + " (section 3).",
+    ]

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.inspect import CheckpointInfo, seed_files_vs_tree
+from zckpt_nb.convert.inspect import CheckpointInfo, format_inspection, seed_files_vs_tree
 from zckpt_nb.format.sizes import exact_ratio
 from zckpt_nb.lessons.together import all_done, together
 from zckpt_nb.plan.costs import predict
@@ -53,7 +54,6 @@ def principle_rows(infos: list[CheckpointInfo], rows: list[dict[str, Any]]) -> l
     above = [r for r in runs if r["persistent per rank"]]
     comm = "; ".join(f"N = {r['N']}: {r['save collective bytes per rank']:,} B ({r['save collective ops']})"
                      for r in runs)
-    logged = sorted(r["save collective bytes per rank"] for r in runs)
     files = {f["the principle lists"]: f for f in seed_files_vs_tree(infos[-1].ckpt_dir)}
     model, optim = files["mp_rank_00_model_states.pt"], files["zero_pp_rank_0_mp_rank_00_optim_states.pt"]
     n = infos[-1].world_size
@@ -62,9 +62,7 @@ def principle_rows(infos: list[CheckpointInfo], rows: list[dict[str, Any]]) -> l
          "so": "true up to padding (a few elements per tensor)" if not above else
          f"wrong for {len(above)} run(s): persistent tensors are held whole beyond the slice"},
         {"the principle says": "communication of a partitioned save: none", "measured": comm,
-         "so": "true: nothing logged" if not logged[-1] else
-         f"imprecise: {logged[0]:,} to {logged[-1]:,} B per rank, at most "
-         f"{logged[-1] / (4 * runs[0]['P']):.2%} of the fp32 weights' bytes"},
+         "so": comm_verdict(runs)},
         {"the principle says": "mp_rank_00_model_states.pt, one per rank",
          "measured": f"{model['in the tree under that name']} under that name, "
                      f"{model['other files ending with that name']} like {model['e.g.']} (N = {n})",
@@ -77,30 +75,88 @@ def principle_rows(infos: list[CheckpointInfo], rows: list[dict[str, Any]]) -> l
     ]
 
 
-def padding_answer(infos: list[CheckpointInfo]) -> str:
-    """Exercise: each rank's slice and the padding at every measured N, read from the files."""
-    return " ".join(f"At N = {i.world_size} each rank's slice holds {i.ranks[0].partition_numel:,} elements, so "
-                    f"N x slice - P = {i.world_size * i.ranks[0].partition_numel - i.num_params:,} padding elements "
-                    f"(P/N = {exact_ratio(i.num_params, i.world_size)})." for i in infos)
+def comm_verdict(rows: list[dict[str, Any]]) -> str:
+    """The principle's "no communication" for a partitioned save, made precise by what every run logged.
+
+    DeepSpeed's `save_checkpoint` checks that every rank saves under the same tag (`_checkpoint_tag_validation`: the
+    tag's 20-byte SHA-1, all-reduced once by MAX and once by MIN), so even a save with nothing to gather talks.
+    """
+    if not any(r["save collective bytes per rank"] for r in rows):
+        return "true: nothing logged"
+    small = min(r["save collective bytes per rank"] for r in rows)
+    gathers = [r for r in rows if "all_gather" in r["save collective ops"]]
+    more = "" if not gathers else (
+        "; with persistent tensors it also all-gathers them again after the save: " + ", ".join(
+            f"{r['save collective bytes per rank']:,} B per rank at threshold {r['threshold']:,} "
+            f"({r['save collective bytes per rank'] / (4 * r['P']):.1%} of the fp32 weights)" for r in gathers))
+    return (f"imprecise: no weight moves when every tensor is partitioned, but the save is not free of "
+            f"communication: at least {small:,} B per rank in two all-reduces (`_checkpoint_tag_validation`: every "
+            f"rank must save under the same tag) and barriers every rank must reach{more}")
 
 
-def threshold_answer(rows: list[dict[str, Any]]) -> str:
-    """Exercise: elements held per rank against P/N, and shard bytes, for each threshold measured."""
-    return " ".join(f"With threshold {r['threshold']:,} at N = {r['N']}, each rank held {r['held per rank']:,} "
-                    f"parameter elements ({r['held per rank'] / (r['P'] / r['N']):.2f}x P/N; "
-                    f"{r['persistent per rank']:,} of them persistent, kept whole) and wrote "
-                    f"{r['shard bytes per rank'] / MIB:.2f} MiB of shard files."
-                    for r in sorted(rows, key=lambda r: (r["threshold"], r["N"])))
+def rank_files(info: CheckpointInfo) -> str:
+    """Each rank's files and the slice they hold (`format_inspection`), said of a checkpoint the worker wrote."""
+    return format_inspection(replace(info, status="written by the package's worker"))
 
 
-def dtype_answer(info: CheckpointInfo, dtype: str) -> str:
-    """Exercise: what the training dtype changes in the files: their names, and bytes per owned element."""
-    s = info.ranks[-1]
-    optim = sum(b for name, b in s.files.items() if "optim" in name)
-    names = ", ".join(sorted(s.files))
-    return (f"In {dtype}, rank {s.rank} of N = {info.world_size} wrote {names}. Its optimizer-states file holds "
-            f"{optim / s.partition_numel:.2f} bytes per element of its slice: the fp32 master copy and Adam's two fp32 "
-            "moments (12 bytes), whatever the training dtype, plus the file's header.")
+def padding_answer(infos: list[CheckpointInfo], model: str, default_n: int = 2) -> str:
+    """Exercise 1: the slice and padding at the largest N run, against the default's largest N (`default_n`)."""
+    info = max(infos, key=lambda i: i.world_size)
+    n, s = info.world_size, info.ranks[0].partition_numel
+    pad = n * s - info.num_params
+    base = predict(model, default_n)
+    said = (f"At N = {n} each rank's slice held {s:,} elements (P/N = {exact_ratio(info.num_params, n)}), so "
+            f"N x slice - P = {pad:,} padding elements in all, read from the files.")
+    if n == default_n:
+        return (f"{said} That is the default's largest N: set `WORLD_SIZES = [2, 3]` and run again to see "
+                "what a world size that does not divide the tensors adds.")
+    return (f"{said} At the default's N = {default_n} the cost model (exact to the element in section 5) gives "
+            f"{base.slice_numel:,} elements and {base.padding_numel:,} padding: N = {n} "
+            + (f"added {pad - base.padding_numel:,} padding elements ({pad / info.num_params:.3%} of P), a few per "
+               "tensor whose size N does not divide." if pad > base.padding_numel else
+               "divides every tensor too, so it added no padding."))
+
+
+def threshold_answer(rows: list[dict[str, Any]], measured: list[dict[str, Any]], model: str, dtype: str,
+                     default: int = 0) -> str:
+    """Exercise 2: elements held and shard bytes of the main runs (`rows`), each against the same N at the default
+    threshold: measured where a run of `measured` had it, else the cost model's (exact in sections 5 and 6)."""
+    if all(r["threshold"] == default for r in rows):
+        held = ", ".join(f"{r['held per rank']:,} at N = {r['N']}" for r in rows)
+        return (f"These runs used the default threshold {default:,}: each rank held exactly its slice ({held}). Set "
+                "`PERSISTENCE_THRESHOLD = 100_000` and run again to see the main runs with persistent tensors.")
+    out = []
+    for r in sorted(rows, key=lambda r: r["N"]):
+        same = [m for m in measured if m["N"] == r["N"] and m["threshold"] == default]
+        pred = predict(model, r["N"], dtype=dtype, persistence_threshold=default)
+        held, files, how = ((same[0]["held per rank"], same[0]["shard bytes per rank"], "measured") if same else
+                            (pred.held_numel, pred.partitioned["per_rank_file_bytes"], "the cost model"))
+        mib = [f"{b / MIB:.2f} MiB" for b in (files, r["shard bytes per rank"])]
+        out.append(f"At N = {r['N']} with threshold {r['threshold']:,}, each rank held {r['held per rank']:,} "
+                   f"parameter elements ({r['held per rank'] / (r['P'] / r['N']):.2f}x P/N, "
+                   f"{r['persistent per rank']:,} of them in persistent tensors) against {held:,} at threshold "
+                   f"{default:,} ({how}), and its shard files "
+                   + (f"stayed at {mib[0]}." if mib[0] == mib[1] else f"went from {mib[0]} to {mib[1]}."))
+    return " ".join(out)
+
+
+def dtype_answer(info: CheckpointInfo, dtype: str, model: str, threshold: int) -> str:
+    """Exercise 3: the files' names and bytes per owned element in this run's dtype, against the other dtype (its
+    names from DeepSpeed's rule, its bytes from the cost model, which the files match in section 5)."""
+    s, other = info.ranks[-1], "fp32" if dtype == "bf16" else "bf16"
+    optim = next(name for name in s.files if "optim" in name)
+    others = optim[len("bf16_"):] if optim.startswith("bf16_") else f"bf16_{optim}"
+    per = s.files[optim] / s.partition_numel
+    pred = predict(model, info.world_size, dtype=other, persistence_threshold=threshold)
+    model_file = next(b for name, b in s.files.items() if "model_states" in name)
+    per_other = (pred.partitioned["per_rank_file_bytes"] - model_file) / pred.slice_numel
+    ran = f"This run trained in {dtype}" + ("" if dtype == "bf16" else ", the default on CPU ranks")
+    return (f"{ran}: rank {s.rank} of N = {info.world_size} wrote {', '.join(sorted(s.files))}; its "
+            f"optimizer-states file holds {per:.2f} bytes per element of its slice. In {other} it would write "
+            f"`{others}` instead, with about {per_other:.2f} bytes per element (the cost model): the fp32 master "
+            "copy and Adam's two fp32 moments, 12 bytes, plus the file's header, whatever the training dtype. "
+            + ("Set `DTYPE = \"bf16\"` and run again to see it measured." if dtype != "bf16" else
+               "Only the optimizer file's name changed."))
 
 
 def launch_together(jobs: dict[str, tuple[int, int]], root: str | Path, steps: int, **options: Any) -> dict[str, Any]:
