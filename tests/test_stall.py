@@ -48,7 +48,7 @@ def test_summary_and_sentences_follow_the_records():
     assert [r["median durable s"] for r in rows] == [stall.NEVER, 0.4, 0.9]
     sentence = stall.stall_sentence(rows)
     assert "plain stops training 0.100 s per save (± 0.000 s) and never makes it durable" in sentence
-    assert "Least stall: async, beyond chance" in sentence and "3.0 MiB snapshot" in sentence
+    assert "Least stall: async, beyond chance" in sentence and "snapshot" not in sentence  # memory_sentence says it
 
 
 def test_a_difference_within_chance_is_called_a_tie_and_a_rare_long_wait_is_not():
@@ -80,14 +80,17 @@ def test_the_interval_calculator_uses_each_durable_modes_mean_stall_and_lag():
     assert [r["mode"] for r in rows] == ["commit"]  # plain is never durable: no interval
     assert rows[0]["mean stall per save s"] == 2.0 and rows[0]["durable lag s"] == 0.5
     assert rows[0]["optimum interval s"] == round((2 * 2.0 * 36000) ** 0.5, 1)
-    answer = stall.interval_answer(records, 10_000, 1024)
+    answer = stall.interval_answer(records, 10_000, 1024, default_gpus=1024)  # the default: what 4x would do
     assert "to 4,096 GPUs" in answer and "commit from" in answer and "(0.50x)" in answer
+    answer = stall.interval_answer(records, 10_000, 256, default_gpus=1024)  # the learner's own: against the default
+    assert "From 1,024 to 256 GPUs" in answer and "(2.00x)" in answer and "This run used 256 GPUs" in answer
 
 
 def test_overlap_sentence_says_slower_only_beyond_the_tolerance():
     row = {"mode": "async", "median step s, no save being written": 1.0}
     assert "slower by more than 10%" in stall.overlap_sentence([row | {"median step s, a save being written": 1.2}])
     assert "no slowdown" in stall.overlap_sentence([row | {"median step s, a save being written": 1.05}])
+    assert "cannot tell" in stall.overlap_sentence([row | {"median step s, a save being written": 0.57}])
     assert "not measured" in stall.overlap_sentence([row | {"median step s, a save being written": stall.NONE}])
 
 

@@ -11,6 +11,7 @@ from zckpt_nb.convert.verify import describe_manifest, verify
 from zckpt_nb.format.layout import RANK_FILE, latest_name
 from zckpt_nb.format.manifest import elsewhere
 from zckpt_nb.lessons.together import together
+from zckpt_nb.run.devices import machine, node_placements
 from zckpt_nb.run.launch import free_port, launch
 from zckpt_nb.run.nodes import Nodes
 
@@ -20,11 +21,13 @@ def simulate(layouts: dict[str, tuple[list[Path], dict[str, Any]]], steps: int,
     """Notebook 07: per layout (name -> (one folder per node, its own launch options)), one launch per folder as the
     nodes of one job on this machine (127.0.0.1); every node of every layout started at once (`together`).
 
-    Returns, per layout and node, its `RunResult`, or the failed launch's `LaunchError`; each launch has its own
-    timeout."""
+    Each node gets its own GPU (`run.devices.node_placements`: every node's rank is LOCAL_RANK 0, so without it all
+    would take GPU 0), or all are CPU ranks. Returns, per layout and node, its `RunResult`, or the failed launch's
+    `LaunchError`; each launch has its own timeout."""
     ports = {name: free_port() for name in layouts}
+    where = {name: node_placements(len(dirs), 1, *machine()) for name, (dirs, _) in layouts.items()}
     calls = {(name, k): partial(launch, 1, steps, folder, nodes=Nodes(len(dirs), k, master_port=ports[name]),
-                                **options, **launch_kw)
+                                placement=where[name][k], **options, **launch_kw)
              for name, (dirs, options) in layouts.items() for k, folder in enumerate(dirs)}
     results = together(calls)
     return {name: [results[name, k] for k in range(len(dirs))] for name, (dirs, _) in layouts.items()}

@@ -133,10 +133,7 @@ def stall_sentence(rows: list[dict[str, Any]]) -> str:
                f"Least stall: a tie between {least['mode']} and {', '.join(tied)}: their means differ by less than "
                "twice the standard error of the difference, which is noise on this machine, not a difference "
                "between the modes.")
-    memory = [f"{r['mode']} holds a {r['largest snapshot MiB']} MiB snapshot per rank until its files are written"
-              for r in rows if r["largest snapshot MiB"]]
-    return (f"Means over every save and rank: {'; '.join(parts)}. {verdict}"
-            + "".join(f" The price: {m}." for m in memory))
+    return f"Means over every save and rank: {'; '.join(parts)}. {verdict}"  # the snapshot: `memory_sentence`
 
 
 def decoupled_sentence(records: list[dict[str, Any]]) -> str:
@@ -153,7 +150,12 @@ def decoupled_sentence(records: list[dict[str, Any]]) -> str:
     versus = ""
     if plain:
         ratio = total / max(per_rank_totals(plain))
-        versus = f", {ratio:.2f}x the {max(per_rank_totals(plain)):.3f} s DeepSpeed's plain save stopped it"
+        rows = {r["mode"]: r for r in summary(mine + plain)}
+        verdict = ("a tie with plain per save (their means differ by less than twice the standard error of the "
+                   "difference)" if ties_with(rows["plain"], rows["ds_decoupled"]) else
+                   f"{'less' if ratio < 1 else 'more'} than plain, beyond chance")
+        versus = (f", {ratio:.2f}x the {max(per_rank_totals(plain)):.3f} s DeepSpeed's plain save stopped it: "
+                  f"{verdict}")
     return (f"DeepSpeed's decoupled engine stopped training {total:.3f} s in all on its slowest rank over "
             f"{len(mine) // len(last)} saves: {call:.3f} s inside the save calls, the rest waiting for its writer "
             f"process in later steps, {end:.3f} s of it at the run's end{versus}; nothing it wrote was fsynced.")
@@ -224,6 +226,9 @@ def overlap_sentence(rows: list[dict[str, Any]], tolerance: float = 0.1) -> str:
     verdict = (f"slower by more than {tolerance:.0%}, as expected where the background write and hashing share "
                "the CPU cores with training; part of the stall saved comes back as slower steps"
                if busy > (1 + tolerance) * idle else
+               f"faster by more than {tolerance:.0%}, which a write cannot cause: the machine's load changed between "
+               "these steps (other processes on shared cores), so this run cannot tell whether the write slows "
+               "training" if busy < (1 - tolerance) * idle else
                f"within {tolerance:.0%}, so this run shows no slowdown from the overlapping write")
     return (f"While an asynchronous save was being written, a training step took a median {busy:.3f} s against "
             f"{idle:.3f} s otherwise in the same run ({busy / idle:.2f}x): {verdict}.")
@@ -272,14 +277,21 @@ def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: i
             f"{best['mode']}, and the largest share of it goes to {cause} ({causes[cause]:.3f}% of the time).")
 
 
-def interval_answer(records: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, factor: int = 4) -> str:
-    """The exercise's answer: how each durable mode's optimum interval moves when the GPUs are multiplied by
-    `factor` (the MTBF divided by it)."""
+def interval_answer(records: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, default_gpus: int,
+                    factor: int = 4) -> str:
+    """The exercise's answer for the GPUs this run was given: each durable mode's optimum interval at the
+    notebook's `default_gpus` against `gpus`; with the default itself, against `factor` times it (what to try)."""
+    other = gpus if gpus != default_gpus else factor * gpus
     moves = []
     for mode, (c, _) in save_costs(records).items():
-        now, more = (optimal_interval(c, gpu_mtbf_hours * 3600 / g) for g in (gpus, factor * gpus))
-        moves.append(f"{mode} from {now:,.1f} s to {more:,.1f} s ({more / now:.2f}x)")
+        now, then = (optimal_interval(c, gpu_mtbf_hours * 3600 / g) for g in (default_gpus, other))
+        moves.append(f"{mode} from {now:,.1f} s to {then:,.1f} s ({then / now:.2f}x)")
     if not moves:
         return "No mode run here makes its checkpoint durable, so there is no interval to move."
-    return (f"From {gpus:,} to {factor * gpus:,} GPUs the MTBF is {factor}x shorter and the optimum interval moves "
-            f"{'; '.join(moves)}: 1/sqrt({factor}), since the interval grows with the square root of the MTBF.")
+    ran = (f"This run used the default {gpus:,} GPUs, so here is what the exercise's `CLUSTER_GPUS = {other}` gives "
+           "from the same stalls. " if other != gpus else
+           f"This run used {gpus:,} GPUs, {gpus / default_gpus:g}x the default {default_gpus:,}. ")
+    return (f"{ran}From {default_gpus:,} to {other:,} GPUs the job's MTBF becomes {default_gpus / other:g}x as long "
+            f"and the optimum interval, from the stalls measured in section 2, moves {'; '.join(moves)}: "
+            f"sqrt({default_gpus / other:g}) = {(default_gpus / other) ** 0.5:.2f}x, since the interval grows with "
+            "the square root of the MTBF.")

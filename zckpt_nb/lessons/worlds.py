@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.collect import copy_checkpoint
-from zckpt_nb.format.layout import universal_dir
+from zckpt_nb.convert.reshard import bytes_by_kind
+from zckpt_nb.format.layout import RANK_FILE, universal_dir
 from zckpt_nb.lessons import claims
 from zckpt_nb.lessons.together import all_done, together
+from zckpt_nb.model import accumulation_steps
 from zckpt_nb.run.launch import launch
 
 
@@ -29,22 +31,65 @@ def resume_on(source: str | Path, tag: str, worlds: list[int], steps: int, out_r
                               for world in worlds}))
 
 
-def batch_answer(rows: list[dict[str, Any]], global_batch: int, micro_batch: int, dtype: str = "fp32") -> str:
-    """Exercise: how each world size split the global batch, and whether every resumed run still continued the
-    uninterrupted one (`claims.reshard_sentence`)."""
-    split = "; ".join(f"on {r['resumed on N']} rank(s), {global_batch // r['resumed on N']} to "
-                      f"{-(-global_batch // r['resumed on N'])} sequences per rank in {r['accumulation steps']} "
-                      "micro-step(s)" for r in rows)
-    return (f"A global batch of {global_batch} sequences (at most {micro_batch} per micro-step): {split}. "
-            + claims.reshard_sentence(rows, dtype))
+def batch_answer(rows: list[dict[str, Any]], global_batch: int, default_batch: int, micro_batch: int,
+                 dtype: str) -> str:
+    """Exercise 1 for the global batch this run used: each world size's split against the preset's default batch's,
+    and the largest loss difference against the tolerance of the run's `dtype` (`claims.RESUME_TOLERANCE`)."""
+    def split(batch: int, n: int) -> str:
+        return (f"{batch // n}" + (f" to {-(-batch // n)}" if batch % n else "") + f" sequences per rank in "
+                f"{accumulation_steps(batch, n, micro_batch)} micro-step(s)")
+
+    each = "; ".join(f"on {r['resumed on N']} rank(s) {split(global_batch, r['resumed on N'])}"
+                     + ("" if global_batch == default_batch else f" (with {default_batch}: "
+                        f"{split(default_batch, r['resumed on N'])})") for r in rows)
+    ran = (f"This run used the preset's global batch of {default_batch} (set `GLOBAL_BATCH = 7` for a batch that "
+           "2 and 3 ranks cannot split evenly)" if global_batch == default_batch else
+           f"This run used a global batch of {global_batch} (the preset's is {default_batch})")
+    worst, tolerance = max(rows, key=lambda r: r["max |loss difference|"]), claims.RESUME_TOLERANCE[dtype]
+    held = worst["max |loss difference|"] <= tolerance
+    return (f"{ran}. A micro-step holds at most {micro_batch} sequences: {each}. The resumed runs' largest loss "
+            f"difference is {worst['max |loss difference|']:.1e}, {'within' if held else 'above'} {dtype}'s "
+            f"{tolerance:.0e}: " + ("splitting the batch another way changed nothing but the order of additions."
+                                    if held else "the split changed the optimisation."))
 
 
-def nodes_answer(rows: list[dict[str, Any]]) -> str:
-    """Exercise: what each node's own folder held after a job with a folder per node (`nodes.folder_rows`)."""
-    return (f"{len(rows)} folders, one per node: " + "; ".join(
+def nodes_answer(rows: list[dict[str, Any]], default_nodes: int) -> str:
+    """Exercise 2 for the nodes this run simulated: what each node's own folder held (`nodes.folder_rows`)."""
+    ran = ("the default; set `NODES = 3` to add one" if len(rows) == default_nodes else
+           f"the default is {default_nodes}")
+    return (f"This run simulated {len(rows)} nodes ({ran}), so {len(rows)} folders, one per node: " + "; ".join(
         f"{r['folder']} holds the files of rank(s) {r['ranks whose files it holds']}, and its manifest lists "
         f"{r['files its manifest lists']} files, {r['of them on other nodes']} of them on other nodes" for r in rows)
-        + ".")
+        + ": every manifest lists the whole checkpoint, and each node's own files are the ones not elsewhere.")
+
+
+def universal_sentence(copy: dict[str, Any], source: dict[str, Any], elements: int, folders: int,
+                       num_params: int) -> str:
+    """What the universal copy holds, from its manifest and the source's: elements against P, and its bytes by kind
+    against the source's (`convert.reshard.bytes_by_kind`)."""
+    kinds, total = bytes_by_kind(copy), copy["conversion"]["bytes"]
+    rank0_optim = next(e["bytes"] for e in source["files"] if (m := RANK_FILE.search(Path(e["path"]).name))
+                       and m.groups() == ("0", "optim"))  # bf16_zero_pp_rank_0_... in bf16
+    per_param = sum(kinds.get(k, 0) for k in ("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt"))
+    states = sum(v for k, v in kinds.items() if k.startswith("model states"))
+    count = ("exactly P, with no padding (each rank cuts its own on loading)" if elements == num_params else
+             f"not P = {num_params:,}: the copy is incomplete")
+    return (f"The {folders} parameter folders hold {elements:,} elements: {count}. The copy's {total:,} bytes are "
+            f"{total / copy['conversion']['source_bytes']:.2f}x the source's: {per_param:,} in the per-parameter "
+            f"files (fp32 weights and Adam's two moments of all P, each file with its own pickle header); "
+            f"{kinds.get('optimizer_state.pt', 0):,} in `zero/optimizer_state.pt`, "
+            f"{kinds.get('optimizer_state.pt', 0) / rank0_optim:.2f}x rank 0's optimizer file, which DeepSpeed's "
+            f"converter copies whole for the optimizer's step and parameter groups; and {states:,} in the source's "
+            "model-states files, from which DeepSpeed reads rank 0's client state.")
+
+
+def resume_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`claims.reshard_rows` to display: the conversion's columns only where a job converted by itself (a copy it was
+    given was converted, and its cost shown, once), the loss difference in one format."""
+    made = any(r["loaded from"] == "a universal copy it made" for r in rows)
+    drop = () if made else ("conversion (s)", "conversion peak RSS (MiB)")
+    return [{k: f"{v:.1e}" if k == "max |loss difference|" else v for k, v in r.items() if k not in drop}
+            for r in rows]
 
 
 def loss_differences(base: Any, runs: dict[int, Any], floor: float = 1e-9) -> dict[str, tuple[list[int], list[float]]]:

@@ -120,15 +120,17 @@ def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figur
     return add_caption(fig, caption)
 
 
-def _paired_bars(ax, labels: list[str], first: list[float], second: list[float] | None, names: tuple[str, str]) -> None:
-    """Bars for `first` (and `second` beside it, when given) over the same labels."""
+def _paired_bars(ax, labels: list[str], first: list[float], second: list[float] | None, names: tuple[str, str],
+                 legend: bool = True) -> None:
+    """Bars for `first` (and `second` beside it, when given) over the same labels; `legend`: one in the axes."""
     xs = range(len(labels))
     width = 0.4 if second is not None else 0.8
     ax.bar([x - (width / 2 if second is not None else 0) for x in xs], first, width, label=names[0])
     if second is not None:
         ax.bar([x + width / 2 for x in xs], second, width, label=names[1])
     ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
-    ax.legend(fontsize=7)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
@@ -138,21 +140,28 @@ def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
     (a, b), (c, d) = axes
     _paired_bars(a, labels, [r["predicted_bytes"] / kib for r in records],
-                 [r["measured_payload_bytes"] / kib for r in records], ("predicted", "measured payload"))
+                 [r["measured_payload_bytes"] / kib for r in records], ("predicted", "measured payload"), False)
     a.set(title="Bytes written per rank", ylabel="bytes written (KiB)")
     _paired_bars(b, labels, [r["predicted_extra_peak_bytes"] / mib for r in records],
-                 [r["measured_extra_peak_bytes"] / mib for r in records], ("predicted", "measured"))
+                 [r["measured_extra_peak_bytes"] / mib for r in records], ("predicted", "measured"), False)
     kind = records[0].get("measured_memory_kind", "host heap") if records else "host heap"  # never CUDA bytes
     b.set(title="Extra host memory at the save's peak, per rank", ylabel=f"extra peak {kind} (MiB)")
-    _paired_bars(c, labels, [r["seconds"] for r in records], None, ("wall time", ""))
-    c.set(title="Time per rank", ylabel="wall time (s)")
+    _paired_bars(c, labels, [r["seconds"] for r in records], None, ("wall time", ""), False)
+    for bar in c.patches:  # measured only: the colour of the measured bars
+        bar.set_color("C1")
+    c.set(title="Time per rank, measured", ylabel="wall time (s)")
     _paired_bars(d, labels, [r["predicted_comm_bytes"] / kib for r in records],
-                 [(r["logged_comm_bytes"] or 0) / kib for r in records], ("predicted", "comms logger"))
+                 [(r["logged_comm_bytes"] or 0) / kib for r in records], ("predicted", "comms logger"), False)
     d.set(title="Bytes moved by collectives per rank", ylabel="collective bytes (KiB)")
     for ax in axes.flat:
         ax.set_xlabel("save mode, world size, rank")
     fig.suptitle(title)
-    fig.tight_layout()
+    from matplotlib.patches import Patch
+
+    # one legend for the four panels, beside the top right one: never over a bar (each y label names the kind)
+    b.legend(handles=[Patch(color="C0", label="cost model\n(left bar)"),
+                      Patch(color="C1", label="measured\n(right bar)")], loc="upper left", bbox_to_anchor=(1.01, 1),
+             fontsize=8)
     return add_caption(fig, caption)
 
 

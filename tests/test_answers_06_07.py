@@ -1,0 +1,87 @@
+"""Notebooks 06 and 07: exercise answers speak of the parameter the learner changed, against the default's figure,
+and the summary and tables say each figure once (unit tests on hand-made records, no launch)."""
+
+import pytest
+
+from zckpt_nb.lessons import save_modes, stall, worlds
+from zckpt_nb.lessons.claims import RESUME_TOLERANCE
+from zckpt_nb.plan.costs import predict, predicted_for
+
+
+def record(mode, n, rank, logged, ops=None):
+    return {"model": "tiny", "dtype": "fp32", "persistence_threshold": 0, "mode": mode, "world_size": n,
+            "rank": rank, "logged_comm_bytes": logged, "logged_comm_ops": ops or {}}
+
+
+# not fast: the cost model builds the preset on the meta device (imports transformers)
+def test_the_world_size_answer_sets_the_run_against_the_default_and_the_default_against_three():
+    at_3 = [record("gathered16", 3, 0, 4096), record("partitioned", 3, 0, 40, {"barrier": 2})]
+    said = save_modes.world_answer(at_3, default_n=2)
+    two = predicted_for(predict("tiny", 2), "gathered16", 0)["predicted_comm_bytes"]
+    assert said.startswith("This run measured N = 3 (the default is 2)")
+    assert f"gathered16 4.0 KiB (the cost model: {two / 1024:,.1f} KiB at N = 2)" in said
+    assert "Most: gathered16" in said and "moved 40 B on rank 0 (2 barrier)." in said
+    at_2 = [record("gathered16", 2, 0, 4096)]
+    assert "at N = 3)" in save_modes.world_answer(at_2, default_n=2) and "(the default)" in save_modes.world_answer(
+        at_2, default_n=2)
+
+
+def save(tag, stall_s, durable=None, wait=0.0):
+    return {"tag": tag, "committed": True, "stall_seconds": stall_s, "durable_seconds": durable,
+            "commit_wait_seconds": wait}
+
+
+@pytest.mark.fast
+def test_the_decoupled_answer_calls_a_difference_within_chance_a_tie():
+    plain = [stall.save_record("plain", 0, save(t, s)) for t, s in (("a", 0.03), ("b", 0.02), ("c", 0.04))]
+    close = [stall.save_record("ds_decoupled", 0, save(t, s)) for t, s in (("a", 0.031), ("b", 0.021), ("c", 0.04))]
+    assert "a tie with plain" in stall.decoupled_sentence(plain + close)
+    far = [stall.save_record("ds_decoupled", 0, save(t, 0.03, wait=0.7)) for t in "abc"]
+    assert "more than plain, beyond chance" in stall.decoupled_sentence(plain + far)
+
+
+@pytest.mark.fast
+def test_the_batch_answer_compares_with_the_presets_batch_and_the_dtypes_tolerance():
+    rows = [{"resumed on N": 3, "accumulation steps": 1, "max |loss difference|": 0.012, "steps compared": 5}]
+    said = worlds.batch_answer(rows, 7, 16, 8, "bf16")
+    assert said.startswith("This run used a global batch of 7 (the preset's is 16)")
+    assert "on 3 rank(s) 2 to 3 sequences per rank in 1 micro-step(s) (with 16: 5 to 6" in said
+    assert f"within bf16's {RESUME_TOLERANCE['bf16']:.0e}" in said
+    assert f"above fp32's {RESUME_TOLERANCE['fp32']:.0e}" in worlds.batch_answer(rows, 7, 16, 8, "fp32")
+    assert "set `GLOBAL_BATCH = 7`" in worlds.batch_answer(rows, 16, 16, 8, "fp32")
+
+
+@pytest.mark.fast
+def test_the_resume_table_shows_a_conversion_only_where_the_job_made_it():
+    row = {"resumed on N": 1, "loaded from": "a universal copy it was given", "conversion (s)": 3.9,
+           "conversion peak RSS (MiB)": 257, "max |loss difference|": 2.38419e-07}
+    assert worlds.resume_table([row]) == [{"resumed on N": 1, "loaded from": "a universal copy it was given",
+                                           "max |loss difference|": "2.4e-07"}]
+    made = row | {"loaded from": "a universal copy it made"}
+    assert "conversion (s)" in worlds.resume_table([row, made])[0]
+
+
+@pytest.mark.fast
+def test_the_summary_of_06_has_one_row_per_finding_and_no_interval_without_a_durable_mode():
+    rows = [{"collective bytes: predicted = logged": True, "worst payload error (%)": 0.0}]
+    records = [{"predicted_extra_peak_bytes": 100, "measured_extra_peak_bytes": 110}]
+    stalls = stall.summary([stall.save_record("plain", 0, save("a", 0.02))])
+    memory = [{"snapshot MiB": 0.0}]
+    table = save_modes.summary_rows(rows, records, stalls, [], memory, [])
+    assert [r["section"] for r in table] == ["1", "1", "2", "2", "3", "4", "5"]
+    assert table[1]["this run"] == "1 within 25%, 0 above (misses), 0 below (sampled: lower bounds)"
+    assert table[3]["this run"] == f"plain {stall.NEVER}"
+    assert table[4]["this run"] == "not measured" and table[6]["this run"] == "no durable mode ran"
+
+
+@pytest.mark.fast
+def test_a_sampled_peak_below_its_prediction_is_a_lower_bound_and_one_above_is_a_miss():
+    def rec(predicted, measured):
+        return {"mode": "gathered16", "world_size": 2, "rank": 1, "predicted_extra_peak_bytes": predicted,
+                "measured_extra_peak_bytes": measured, "measured_memory_kind": "host heap"}
+
+    below = save_modes.memory_agreement([rec(100, 100), rec(100, 50)])
+    assert "1 of 2 predicted extra peaks lie within 25%" in below and "nothing here refutes" in below
+    assert "1 below it" in below and "lower bound" in below
+    above = save_modes.memory_agreement([rec(100, 100), rec(100, 150)])
+    assert "1 above it, which the model misses" in above and "below it" not in above
