@@ -54,8 +54,9 @@ MATRIX = [
             "DTYPE": "bf16"}),
     ("02", {"NPROC": 3, "RESUME_STEP": 1, "DTYPE": "bf16"}),
     ("03", {"NPROC": 3, "FREEZE": "embeddings"}),
-    ("04", {"NPROC": 3, "MODEL": "tiny", "DTYPE": "bf16", "PERSISTENCE_THRESHOLD": 100_000, "SHARD_SIZES": ["1MB"]}),
-    ("05", {"NPROC": 1, "KEEP_LAST": 1}),
+    ("04", {"NPROC": 3, "MODEL": "tiny", "DTYPE": "bf16", "PERSISTENCE_THRESHOLD": 100_000,
+            "SHARD_SIZES": ["5GB", "1MB"]}),
+    ("05", {"NPROC": 1, "KEEP_LAST": 1, "DTYPE": "bf16"}),
     ("06", {"WORLD_SIZES": [3], "PERSISTENCE_THRESHOLD": 100_000, "MODES": ["partitioned", "per_param", "hf"],
             "DTYPE": "bf16", "SAVE_MODES": ["plain", "ds_decoupled"], "CLUSTER_GPUS": 4096}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
@@ -159,9 +160,17 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     sizes = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["SHARD_SIZES"]
     assert all(offline.memory_verdict(rows, size) in text for size in sizes)
     assert [r["--max_shard_size"] for r in rows] == [s for s in sizes for _ in offline.ROUTES]
+    assert offline.shard_size_answer(rows) in text  # exercise 3's answer
     run = RunResult.from_dir(runs / "run", [], 0.0)
+    get = {**parameter_defaults(BY_PREFIX["04"]), **parameters}
     dtype = run.data["dtype"]
-    assert dtype == {**parameter_defaults(BY_PREFIX["04"]), **parameters}["DTYPE"]
+    assert dtype == lesson_dtype(get["DTYPE"])
+    summary = consolidation.cost_summary(run.data["save_costs"], p, consolidation.bytes_per_param(dtype))
+    assert consolidation.partitioned_comm_sentence(run.data["save_costs"], summary) in text
+    assert consolidation.world_size_answer(summary, get["NPROC"], p, consolidation.bytes_per_param(dtype), get["MODEL"],
+                                           dtype, get["PERSISTENCE_THRESHOLD"]) in text  # exercise 2's answer
+    comms = consolidation.comms_rows(runs / "run", run.data["save_costs"])
+    assert comms and consolidation.comms_sentence(comms, runs / "run") in text and "agree:" in text
     outputs = {"gathered16": runs / "run" / "gathered16", "per_param": runs / "run" / "per_param",
                "offline": runs / "offline", "hf": runs / "hf"}
     proof = consolidation.proof_rows(consolidation.reference_state_dict(runs / "run"), outputs, dtype)
@@ -177,11 +186,17 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     text = markdown_outputs(nb)
     get = {**parameter_defaults(BY_PREFIX["05"]), **parameters}
     resumed = RunResult.from_dir(runs / "resumed", [], 0.0)
-    assert resumed.data["resumed_from_step"] == 4
+    assert resumed.data["resumed_from_step"] == 4 and resumed.data["dtype"] == lesson_dtype(get["DTYPE"])
     assert len(committed_tags(runs / "resumed")) == min(get["KEEP_LAST"], get["STEPS"] // get["SAVE_EVERY"])
     assert failures.rotation_answer(resumed, get["KEEP_LAST"]) in text  # exercise 3's answer
     uninterrupted = RunResult.from_dir(runs / "disk_copy", [], 0.0)  # the full-disk run trained every step
-    assert failures.resume_sentence(uninterrupted, resumed) in text
+    assert failures.resume_sentence(uninterrupted, resumed, resumed.data["dtype"]) in text
+    crash = failures.crash_rows({"DeepSpeed's save alone": runs / "plain_crash", "the commit protocol": runs / "crash"},
+                                8, get["NPROC"])
+    assert failures.crash_sentence(crash, 8) in text
+    assert crash[1]["`latest` names"] == "global_step4" and crash[1]["its manifest"] == "no"
+    if get["NPROC"] > 1:  # rank 0 wrote `latest` while the last rank was still writing, then that rank was killed
+        assert crash[0]["`latest` names"] == "global_step8" and crash[0]["global_step8 lacks"] != "none"
 
 
 def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
