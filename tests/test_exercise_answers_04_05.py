@@ -8,7 +8,6 @@ import pytest
 from zckpt_nb.format.layout import MANIFEST, tag_for
 from zckpt_nb.lessons import failures, offline
 
-pytestmark = pytest.mark.fast
 
 
 def shard_rows(peaks: dict[str, dict[str, int]]) -> list[dict]:
@@ -17,6 +16,7 @@ def shard_rows(peaks: dict[str, dict[str, int]]) -> list[dict]:
             for size in next(iter(peaks.values())) for route, by in peaks.items() for mib in [by[size]]]
 
 
+@pytest.mark.fast
 def test_the_shard_answer_compares_every_size_with_the_first_and_calls_small_changes_a_tie():
     rows = shard_rows({"zero_to_fp32.py": {"5GB": 32, "1MB": 31}, "export": {"5GB": 15, "1MB": 4}})
     answer = offline.shard_size_answer(rows)
@@ -25,11 +25,13 @@ def test_the_shard_answer_compares_every_size_with_the_first_and_calls_small_cha
     assert "changed by up to 11 MiB with the shard size" in answer
 
 
+@pytest.mark.fast
 def test_with_one_shard_size_the_answer_asks_for_a_second():
     answer = offline.shard_size_answer(shard_rows({"zero_to_fp32.py": {"2MB": 32}, "export": {"2MB": 5}}))
     assert answer.startswith("Only `--max_shard_size 2MB` was measured") and "SHARD_SIZES" in answer
 
 
+@pytest.mark.fast
 def test_the_hang_answer_splits_the_job_at_the_save_and_predicts_the_other_timeout():
     clock = failures.LineClock(4)
     clock("rank 0", "step 4/12 loss 6.6")
@@ -42,6 +44,7 @@ def test_the_hang_answer_splits_the_job_at_the_save_and_predicts_the_other_timeo
     assert "finished" in failures.hang_answer(9.0, failures.LineClock(4), 5.0, [])  # one rank: no error line
 
 
+@pytest.mark.fast
 def test_what_a_killed_save_left_is_read_from_the_files(tmp_path):
     plain, protocol = tmp_path / "plain", tmp_path / "commit"
     for root, latest in ((plain, 8), (protocol, 4)):
