@@ -9,7 +9,6 @@ from zckpt_nb.format.layout import MANIFEST, tag_for
 from zckpt_nb.lessons import failures, offline
 
 
-
 def shard_rows(peaks: dict[str, dict[str, int]]) -> list[dict]:
     """`offline.memory_summary`'s rows, only the figures the answer reads: route -> shard size -> MiB above baseline."""
     return [{"route": route, "--max_shard_size": size, "above baseline MiB": mib}
