@@ -85,3 +85,16 @@ def test_a_sampled_peak_below_its_prediction_is_a_lower_bound_and_one_above_is_a
     assert "1 below it" in below and "lower bound" in below
     above = save_modes.memory_agreement([rec(100, 100), rec(100, 150)])
     assert "1 above it, which the model misses" in above and "below it" not in above
+
+
+@pytest.mark.fast
+def test_the_universal_sentence_finds_rank_0s_optimizer_file_in_bf16_too():
+    copy = {"conversion": {"bytes": 600, "source_bytes": 400},
+            "files": [{"path": "zero/w/fp32.pt", "bytes": 100}, {"path": "zero/w/exp_avg.pt", "bytes": 100},
+                      {"path": "zero/w/exp_avg_sq.pt", "bytes": 100}, {"path": "zero/optimizer_state.pt", "bytes": 250},
+                      {"path": "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt", "bytes": 50}]}
+    source = {"files": [{"path": "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bytes": 250},
+                        {"path": "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "bytes": 100}]}
+    said = worlds.universal_sentence(copy, source, elements=10, folders=1, num_params=10)
+    assert "exactly P" in said and "1.50x the source's" in said and "300 in the per-parameter files" in said
+    assert "250 in `zero/optimizer_state.pt`, 1.00x rank 0's optimizer file" in said and "and 50 in the" in said
