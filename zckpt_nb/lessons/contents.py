@@ -61,12 +61,20 @@ def same_size(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return abs(a["total (MiB)"] - b["total (MiB)"]) <= 0.01 * b["total (MiB)"]
 
 
+def size_words(a: float, b: float) -> str:
+    """How checkpoint size `a` compares with `b`: exactly its size, within a given share of it, or a ratio."""
+    if a == b:
+        return "exactly the size of"
+    if abs(a - b) <= 0.01 * b:
+        return f"within {max(abs(a - b) / b, 0.0001):.2%} of"
+    return f"{a / b:.2f} times the size of"
+
+
 def bf16_sentence(rows: list[dict[str, Any]], num_params: int) -> str:
     """The bf16 checkpoint against the fp32 one: sizes and bytes per parameter of weights and moments."""
     fp32, bf16 = rows[0], rows[1]
     per = {r["checkpoint"]: (r[KINDS[0]] + r[KINDS[1]]) * 2**20 / num_params for r in (fp32, bf16)}
-    same = "the same size as" if same_size(bf16, fp32) else \
-        f"{bf16['total (MiB)'] / fp32['total (MiB)']:.2f} times the size of"
+    same = size_words(bf16["total (MiB)"], fp32["total (MiB)"])
     return (f"The bf16 checkpoint ({bf16['total (MiB)']:.3f} MiB) is {same} the fp32 one ({fp32['total (MiB)']:.3f} "
             f"MiB): both "
             f"hold fp32 tensors only, {per['bf16']:.1f} bytes per parameter in the bf16 run and {per['fp32']:.1f} in "
@@ -176,18 +184,22 @@ def nproc_answer(root: str | Path, num_params: int, nproc: int, model: str, defa
     total = {name: sum(f.values()) for name, f in found.items()}
     per = {name: (f[KINDS[0]] + f[KINDS[1]]) / num_params for name, f in found.items()}
     here, base = predict(model, nproc), predict(model, default)
-    same = "as large as" if abs(total["bf16"] - total["fp32"]) <= 0.01 * total["fp32"] else \
-        f"{total['bf16'] / total['fp32']:.2f} times"
+    gap = total["bf16"] - total["fp32"]
+    same = (size_words(total["bf16"], total["fp32"]) if abs(gap) > 0.01 * total["fp32"] or not gap else
+            f"{abs(gap):,} bytes {'larger' if gap > 0 else 'smaller'} than")
     text = (f"At N = {nproc} the bf16 checkpoint ({total['bf16'] / 2**20:.3f} MiB) is {same} the fp32 one "
-            f"({total['fp32'] / 2**20:.3f} MiB); their weights and moments hold {per['bf16']:.4f} and "
-            f"{per['fp32']:.4f} bytes per parameter, where 12 bytes for each of the P parameters and each of the "
-            f"{here.padding_numel:,} padding elements (the cost model's at N = {nproc}) give "
-            f"{12 * (num_params + here.padding_numel) / num_params:.4f}.")
+            f"({total['fp32'] / 2**20:.3f} MiB); "
+            f"their weights and moments hold {per['bf16']:.4f} and {per['fp32']:.4f} bytes per parameter, where 12 "
+            f"bytes for each of the P parameters and each of the {here.padding_numel:,} padding elements (the cost "
+            f"model's at N = {nproc}) give {12 * (num_params + here.padding_numel) / num_params:.4f}.")
     if nproc == default:
         return f"{text} That is the default `NPROC`: set `NPROC = 3` and run again to see padding."
+    dtype = "changed nothing" if f"{per['bf16']:.4f}" == f"{per['fp32']:.4f}" else "changed them too"
     return (f"{text} At the default N = {default} the cost model gives {base.padding_numel:,} padding elements, so "
-            f"{12 * (num_params + base.padding_numel) / num_params:.4f} bytes per parameter: N changed the padding, "
-            "the training dtype changed nothing.")
+            f"{12 * (num_params + base.padding_numel) / num_params:.4f} bytes per parameter: N changed the bytes per "
+            f"parameter through its padding alone, and the training dtype {dtype}."
+            if here.padding_numel != base.padding_numel else
+            f"{text} At the default N = {default} the padding is the same, so are the bytes per parameter.")
 
 
 def summary_lines(rows: list[dict[str, Any]], loads: dict[str, Any]) -> list[str]:

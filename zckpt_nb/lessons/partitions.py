@@ -156,7 +156,8 @@ def dtype_answer(info: CheckpointInfo, dtype: str, model: str, threshold: int) -
             f"`{others}` instead, with about {per_other:.2f} bytes per element (the cost model): the fp32 master "
             "copy and Adam's two fp32 moments, 12 bytes, plus the file's header, whatever the training dtype. "
             + ("Set `DTYPE = \"bf16\"` and run again to see it measured." if dtype != "bf16" else
-               "Only the optimizer file's name changed."))
+               "Only the optimizer file's name changed." if f"{per:.2f}" == f"{per_other:.2f}" else
+               "Its bytes per element differ from the prediction too."))
 
 
 def launch_together(jobs: dict[str, tuple[int, int]], root: str | Path, steps: int, **options: Any) -> dict[str, Any]:
