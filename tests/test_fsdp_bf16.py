@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from zckpt_nb.convert.dcp import to_dcp
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
+from zckpt_nb.lessons.dcp import tensor_dtypes
 from zckpt_nb.run.launch import RunResult, launch
 
 STEPS, SWITCH = 4, 2  # ZeRO-3 (bf16) to step SWITCH, then the FSDP2 worker on 2 CPU ranks to STEPS
@@ -29,26 +28,16 @@ def legs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return runs
 
 
-def saved_dtypes(dcp_dir: Path) -> set[torch.dtype]:
-    """The dtypes of every model and optimizer tensor in a DCP checkpoint, read from its `.metadata`."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    entries = FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata.items()
-    return {m.properties.dtype for fqn, m in entries if isinstance(m, TensorStorageMetadata)
-            and fqn.split(".")[0] in ("model", "optimizer") and not fqn.endswith(".step")}
-
-
 def test_fsdp2_bf16_continues_the_bf16_zero3_run_and_saves_fp32_masters(legs: dict[str, RunResult]) -> None:
     base, bf16 = legs["zero3"], legs["bf16"]
     assert bf16.data["dtype"] == "bf16" and bf16.steps == list(range(SWITCH, STEPS)) and bf16.world_size == 2
     gaps = [abs(a - b) for a, b in zip(bf16.losses, base.losses[SWITCH:])]
     assert max(gaps) < RESUME_TOLERANCE["bf16"], gaps
-    assert saved_dtypes(bf16.output_dir / f"global_step{STEPS}") == {torch.float32}
+    assert tensor_dtypes(bf16.output_dir / f"global_step{STEPS}") == {torch.float32}
 
 
 def test_fsdp2_bf16_computes_in_bf16(legs: dict[str, RunResult]) -> None:
     """Same checkpoint, same data: only the compute dtype differs, so the losses must differ (bf16 rounds)."""
     assert legs["fp32"].data["dtype"] == "fp32"
     assert legs["bf16"].losses != legs["fp32"].losses
-    assert saved_dtypes(legs["fp32"].output_dir / f"global_step{STEPS}") == {torch.float32}
+    assert tensor_dtypes(legs["fp32"].output_dir / f"global_step{STEPS}") == {torch.float32}

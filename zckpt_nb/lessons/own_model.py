@@ -11,6 +11,25 @@ from zckpt_nb.format.layout import MANIFEST, RANK_FILE
 from zckpt_nb.run.launch import launch_module
 
 OWN_LOOP, TRAINER_LOOP = "zckpt_nb.examples.own_loop", "zckpt_nb.examples.trainer_loop"
+DEFAULT_NPROC, DEFAULT_DROP = 2, (-1, "optim_states")  # notebook 08's defaults, which its answers compare against
+
+
+def use_cpu_ranks(world_sizes: list[int], why: str) -> str:
+    """Put every launch of a notebook whose scripts run CPU ranks only on CPU ranks (DS_ACCELERATOR=cpu, for the
+    kernel and every launch), whatever GPUs are here; one sentence saying so and why.
+
+    `run.devices.use_lesson_ranks` would pick GPU ranks where the world sizes fit; these scripts join gloo on CPU.
+    """
+    import os
+
+    from zckpt_nb.run.devices import gpu_count
+
+    gpus = gpu_count()  # before DS_ACCELERATOR=cpu hides them
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    sizes = sorted(set(world_sizes))
+    sizes = ", ".join(map(str, sizes[:-1])) + (" and " if len(sizes) > 1 else "") + str(sizes[-1])
+    here = f"the {gpus} GPU(s) here stay idle" if gpus else "there is no GPU here either"
+    return f"Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), {sizes} of them per job: {why}; {here}."
 
 
 def run_example(module: str, out: str | Path, *args: str, nproc: int = 2, timeout: float = 600) -> list[str]:
@@ -108,8 +127,9 @@ def saved_model(run_dir: str | Path, tag: str) -> dict[str, Any]:
     return found
 
 
-def partition_answer(ckpt_dir: str | Path, nproc: int) -> str:
-    """Each rank's partition of a checkpoint as `inspect` measures it, against the config alone's prediction."""
+def partition_answer(ckpt_dir: str | Path, nproc: int, default: int = DEFAULT_NPROC) -> str:
+    """Each rank's partition of a checkpoint as `inspect` measures it, against the config alone's prediction and
+    the default world size's."""
     from zckpt_nb.convert.inspect import inspect_checkpoint
     from zckpt_nb.format.sizes import slice_numel
     from zckpt_nb.model import meta_model
@@ -117,8 +137,9 @@ def partition_answer(ckpt_dir: str | Path, nproc: int) -> str:
     numels = tuple(p.numel() for p in meta_model(str(Path(ckpt_dir) / "config.json")).parameters())
     measured = {r.partition_numel for r in inspect_checkpoint(ckpt_dir).ranks}
     predicted = slice_numel(numels, nproc)
+    than = "" if nproc == default else f" (against {slice_numel(numels, default):,} on the default {default} ranks)"
     return (f"On {nproc} ranks, every tensor padded to a multiple of {nproc} and split, each rank owns "
-            f"{predicted:,} of the {sum(numels):,} parameter elements by the config alone; `inspect` measured "
+            f"{predicted:,} of the {sum(numels):,} parameter elements by the config alone{than}; `inspect` measured "
             + (f"{predicted:,} on every rank: equal." if measured == {predicted} else
                f"{', '.join(f'{m:,}' for m in sorted(measured))}: they differ."))
 
@@ -151,6 +172,32 @@ def refusal(ckpt_dir: str | Path) -> str:
     except CheckpointError as e:
         return f"adopt refused it: {e}"
     return "adopt found it whole and committed it"
+
+
+def drop_answer(ckpt_dir: str | Path, work: str | Path, tag: str, rank: int, kind: str) -> str:
+    """Exercise: what `adopt` names when rank `rank`'s `kind` file is gone, and whether it can still tell the world
+    size (it reads it from rank 0's model states), against the default drop's refusal (made here on a copy)."""
+    import shutil
+
+    from zckpt_nb.convert.inspect import inspect_checkpoint
+
+    world = inspect_checkpoint(ckpt_dir).world_size
+
+    def said(r: int, k: str, name: str) -> tuple[str, bool]:
+        shutil.rmtree(Path(work) / name, ignore_errors=True)  # a copy an earlier call made
+        text = refusal(drop_rank_file(ckpt_dir, Path(work) / name, tag, r, k))
+        return f"rank {r % world}'s {k.replace('_', ' ')}", "record" in text
+
+    mine, known = said(rank, kind, "answer_drop")
+    base, base_known = said(*DEFAULT_DROP, "answer_default_drop")
+    count = (f"and still tells the world size ({world} ranks), read from rank 0's model states" if known else
+             "and cannot tell how many ranks the checkpoint had: it reads the world size from rank 0's model states, "
+             "the very file that is gone, so it names only that file")
+    hint = 'These are the defaults: set DROP_RANK = 0 and DROP_FILE = "model_states" to compare.'
+    default = (hint if (mine, known) == (base, base_known) else
+               f"With the default drop ({base}) it named that file {'and' if base_known else 'but not'} the world "
+               "size.")
+    return f"With {mine} gone, adopt refuses and names {mine} as missing, {count}. {default}"
 
 
 def save_model_fallback() -> str:
