@@ -26,7 +26,7 @@ from zckpt_nb.lessons.contents import (
     holdings_rows,
     nproc_answer,
 )
-from zckpt_nb.lessons.dcp import dcp_rows, fsdp_answer, leg_gaps, round_trip_sentence, switch_answer
+from zckpt_nb.lessons.dcp import dcp_rows, fsdp_answer, leg_gaps, round_trip_sentence, switch_answer, tolerance
 from zckpt_nb.lessons.minimal import (
     rank_file,
     resume_answer,
@@ -37,7 +37,7 @@ from zckpt_nb.lessons.minimal import (
 )
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.notebooks import execute, notebook_paths
-from zckpt_nb.lessons.own_model import max_difference, partition_answer
+from zckpt_nb.lessons.own_model import drop_answer, max_difference, partition_answer
 from zckpt_nb.model import get_preset
 from zckpt_nb.plan import cluster
 from zckpt_nb.plan.calibration import load_records
@@ -61,11 +61,11 @@ MATRIX = [
             "DTYPE": "bf16", "SAVE_MODES": ["plain", "ds_decoupled"], "CLUSTER_GPUS": 4096}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
             "NODE_STEPS": 2, "DTYPE": "bf16"}),
-    ("08", {"NPROC": 3, "DTYPE": "bf16", "STEPS": 3}),
+    ("08", {"NPROC": 3, "DTYPE": "bf16", "STEPS": 3, "DROP_RANK": 0, "DROP_FILE": "model_states"}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0,
             "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0, "FS_CAP_GBPS": 50.0}),
-    ("10", {"FSDP_NPROC": 1, "SWITCH_STEP": 4}),
+    ("10", {"FSDP_NPROC": 1, "SWITCH_STEP": 4, "DTYPE": "bf16"}),
 ]
 
 
@@ -251,6 +251,10 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     answers = [o["data"]["text/markdown"] for c in nb.cells if "answer" in c.metadata.get("tags", [])
                for o in c.outputs if "text/markdown" in o.get("data", {})]
     assert answers[0] == partition_answer(runs / "raw", nproc) and answers[0].endswith("equal.")
+    get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
+    assert answers[1] == drop_answer(runs / "raw", runs, tag_for(steps), get("DROP_RANK"), get("DROP_FILE"))
+    assert ("cannot tell how many ranks" in answers[1]) == (get("DROP_RANK") in (0, -nproc)
+                                                            and get("DROP_FILE") == "model_states")
 
 
 def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
@@ -267,7 +271,12 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     nodes = sorted({max(1, k // get("GPUS_PER_NODE")) for k in get("SIZES")})
     fs = cluster.filesystem_rows(get("PLAN_CONFIG"), nodes, get("GPUS_PER_NODE"), get("NODE_WRITE_GBPS"),
                                  get("FS_CAP_GBPS"), get("DTYPE"), get("PERSISTENCE_THRESHOLD"))
-    assert answers[1] == cluster.filesystem_sentence(fs, get("FS_CAP_GBPS"))
+    default_fs = cluster.filesystem_rows(get("PLAN_CONFIG"), nodes, get("GPUS_PER_NODE"), get("NODE_WRITE_GBPS"),
+                                         cluster.DEFAULT_FS_CAP_GBPS, get("DTYPE"), get("PERSISTENCE_THRESHOLD"))
+    assert answers[1] == cluster.cap_answer(fs, get("FS_CAP_GBPS"), default_fs)
+    assert answers[2] == cluster.pinned_answer(
+        cluster.pinned_rows(get("PLAN_CONFIG"), get("SIZES"), get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
+        cluster.pinned_rows(get("PLAN_CONFIG"), cluster.DEFAULT_SIZES, get("DTYPE"), get("PERSISTENCE_THRESHOLD")))
     assert answers[0] == cluster.timeout_answer(get("PLAN_CONFIG"), n, get("WRITE_GBPS"), cluster.default_timeouts(),
                                                 get("DTYPE"))
 
@@ -280,12 +289,15 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert (base.world_size, fsdp.world_size, back.world_size) == (get("SOURCE_NPROC"), get("FSDP_NPROC"),
                                                                    get("BACK_NPROC"))
     assert fsdp.steps[0] == get("SWITCH_STEP") and back.steps[0] == 2 * get("SWITCH_STEP")
-    assert max(leg_gaps(base, fsdp) + leg_gaps(base, back)) < 1e-4
+    dtype = lesson_dtype(get("DTYPE"))
+    assert base.data["dtype"] == fsdp.data["dtype"] == back.data["dtype"] == dtype
+    assert max(leg_gaps(base, fsdp) + leg_gaps(base, back)) < claims.RESUME_TOLERANCE[dtype]
+    assert f"within {tolerance(base)[1]} of the uninterrupted" in text
     assert round_trip_sentence(base, fsdp, back) in text
     dcp_dir = runs / "fsdp" / f"global_step{get('SWITCH_STEP')}"
     assert [r["top-level key"] for r in dcp_rows(dcp_dir)] == ["model", "optimizer", "lr_scheduler", "train_state"]
     cost = json.loads((dcp_dir / "zckpt_manifest.json").read_text())["conversion"]
-    assert f"{(cost['peak_rss_bytes'] - cost['baseline_rss_bytes']) / 2**20:.1f} MiB above its baseline" in text
+    assert f"plus {(cost['peak_rss_bytes'] - cost['baseline_rss_bytes']) / 2**20:.1f} MiB, which holds" in text
     answers = [o["data"]["text/markdown"] for c in nb.cells if "answer" in c.metadata.get("tags", [])
                for o in c.outputs if "text/markdown" in o.get("data", {})]
     assert answers == [fsdp_answer(base, fsdp, dcp_dir), switch_answer(base, fsdp, dcp_dir)]

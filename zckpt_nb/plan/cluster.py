@@ -15,6 +15,9 @@ from zckpt_nb.plan.planning import GB, GIB, Bandwidths, seconds, time_terms
 # torch's _DEFAULT_PG_NCCL_TIMEOUT (10 min): a torch built without NCCL (this CPU build) does not compile it in.
 NCCL_DOCUMENTED_S = 600.0
 MIB = 2**20
+# notebook 09's defaults, which its exercises' answers compare against
+DEFAULT_SIZES = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+DEFAULT_WRITE_GBPS, DEFAULT_FS_CAP_GBPS = 2.0, 500.0
 
 
 def default_timeouts() -> dict[str, float]:
@@ -144,7 +147,58 @@ def timeout_answer(name: str, n: int, write_gbps: float, timeouts: dict[str, flo
     """Whether a gathered save at `write_gbps` trips the shortest default timeout, and the bandwidth where it would."""
     key = min(timeouts, key=lambda k: timeouts[k])
     floor = slowest_write_within(name, n, timeouts[key], dtype)
-    return (f"Rank 0 writes {predict(name, n, dtype).gathered['written_bytes'] / GIB:.1f} GiB of {name} alone, so "
-            f"any write bandwidth below {floor:.3g} GB/s outlasts the {key} default of {timeouts[key]:g} s. At "
-            f"WRITE_GBPS = {write_gbps:g} the gathered save "
+    written = predict(name, n, dtype).gathered["written_bytes"]
+    default = "" if write_gbps == DEFAULT_WRITE_GBPS else \
+        f" (at the default {DEFAULT_WRITE_GBPS:g} GB/s: {written / (DEFAULT_WRITE_GBPS * GB):,.3g} s)"
+    return (f"Rank 0 writes {written / GIB:.1f} GiB of {name} alone, so any write bandwidth below {floor:.3g} GB/s "
+            f"outlasts the {key} default of {timeouts[key]:g} s. At WRITE_GBPS = {write_gbps:g} its write takes "
+            f"{written / (write_gbps * GB):,.3g} s{default}, so the gathered save "
             + ("trips it." if write_gbps < floor else "stays within it."))
+
+
+def bandwidth_note(rows: list[dict[str, Any]], plan_rows: list[dict[str, Any]], write_gbps: float,
+                   node_gbps: float, gpus_per_node: int) -> str:
+    """Why the filesystem table's partitioned save at section 3's N takes another time than section 3 gave it:
+    there each rank writes at `write_gbps` on its own, here a node's ranks share `node_gbps`."""
+    part = next(r for r in plan_rows if r["mode"] == "partitioned")
+    row = next((r for r in rows if r["N"] == part["N"]), None)
+    if row is None:
+        return ""
+    per_rank = node_gbps / gpus_per_node
+    return (f"At N = {part['N']} this table's save takes {row['capped s']:.3g} s where section 3 gave the same save "
+            f"{part['stall s']:.3g} s: section 3 lets every rank write at WRITE_GBPS = {write_gbps:g} GB/s on its "
+            f"own, while here a node's {gpus_per_node} ranks share NODE_WRITE_GBPS = {node_gbps:g} GB/s, "
+            f"{per_rank:.3g} GB/s each (and section 3 adds the collectives' small term).")
+
+
+def cap_answer(rows: list[dict[str, Any]], cap_gbps: float, default_rows: list[dict[str, Any]],
+               default_cap: float = DEFAULT_FS_CAP_GBPS) -> str:
+    """Exercise: from which node count the cap sets the partitioned save's time, against the default cap's."""
+    def knee(found: list[dict[str, Any]], cap: float) -> str:
+        capped = [r for r in found if r["uncapped GB/s"] > cap]
+        if not capped:
+            return f"never, up to {found[-1]['nodes']} nodes"
+        return f"from {capped[0]['nodes']} nodes (N = {capped[0]['N']:,}) on, at {capped[0]['capped s']:.3g} s a save"
+    if cap_gbps == default_cap:
+        return (f"At the default cap of {default_cap:g} GB/s the filesystem sets the time {knee(rows, cap_gbps)}; "
+                "set FS_CAP_GBPS = 50 to see the cap bite earlier.")
+    return (f"With FS_CAP_GBPS = {cap_gbps:g} the filesystem, not the nodes, sets the partitioned save's time "
+            f"{knee(rows, cap_gbps)}; at the default {default_cap:g} GB/s it did so {knee(default_rows, default_cap)}. "
+            f"A cap {default_cap / cap_gbps:.3g}x lower makes the capped save {default_cap / cap_gbps:.3g}x longer.")
+
+
+def pinned_answer(rows: list[dict[str, Any]], default_rows: list[dict[str, Any]]) -> str:
+    """Exercise: how much the power-of-two rounding adds at these world sizes, against the default sizes'."""
+    def spread(found: list[dict[str, Any]]) -> str:
+        low, high = min(r["rounding"] for r in found), max(r["rounding"] for r in found)
+        return f"{high:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%} to {high:.0%}"
+    sizes = ", ".join(str(r["N"]) for r in rows)
+    worst = max(rows, key=lambda r: r["rounding"])
+    said = (f"At N = {sizes} the rounding adds {spread(rows)} (at most at N = {worst['N']}: "
+            f"{worst['shard MiB']:,.0f} MiB of shard reserve {worst['pinned MiB']:,.0f} MiB)")
+    if [r["N"] for r in rows] == [r["N"] for r in default_rows]:
+        return said + "; these are the default sizes: set SIZES = [24, 48, 96] to compare."
+    return (said + f", against {spread(default_rows)} at the default sizes "
+            f"({', '.join(str(r['N']) for r in default_rows)}). Halving N doubles every buffer, so at powers of two "
+            "each buffer sits at the same place between two powers of two and the rounding is one figure; other N "
+            "land elsewhere.")

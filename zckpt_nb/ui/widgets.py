@@ -238,3 +238,15 @@ class PlanWidget:
     def view(self) -> w.Widget:
         """The whole panel."""
         return w.VBox([w.HBox(self.controls()[:3]), w.HBox(self.controls()[3:]), self.out])
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The panel in Jupyter; where widgets do not render (HTML export, GitHub), its current plan as HTML."""
+        import html
+
+        bundle = self.view()._repr_mimebundle_(**kwargs)
+        state = (f"<p><i>A static copy of the panel ({self.config.value}, N = {self.n.value:,}, {self.dtype.value}, "
+                 f"write {self.write.value:g}, read {self.read.value:g}, net {self.net.value:g} GB/s); run the "
+                 "notebook in Jupyter to change it.</i></p>")
+        rows = html_table(plan_table(self.rows)) if self.rows else ""
+        bundle["text/html"] = f"{state}{rows}<p>{html.escape(self.sentence.replace('**', ''))}</p>"
+        return bundle
