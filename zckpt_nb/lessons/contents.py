@@ -62,9 +62,10 @@ def same_size(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def size_words(a: float, b: float) -> str:
-    """How checkpoint size `a` compares with `b`: exactly its size, within a given share of it, or a ratio."""
+    """How checkpoint size `a` compares with `b` (MiB to 0.001): the same size, within a given share of it, or a
+    ratio."""
     if a == b:
-        return "exactly the size of"
+        return "the same size, to 0.001 MiB, as"
     if abs(a - b) <= 0.01 * b:
         return f"within {max(abs(a - b) / b, 0.0001):.2%} of"
     return f"{a / b:.2f} times the size of"
@@ -185,8 +186,8 @@ def nproc_answer(root: str | Path, num_params: int, nproc: int, model: str, defa
     per = {name: (f[KINDS[0]] + f[KINDS[1]]) / num_params for name, f in found.items()}
     here, base = predict(model, nproc), predict(model, default)
     gap = total["bf16"] - total["fp32"]
-    same = (size_words(total["bf16"], total["fp32"]) if abs(gap) > 0.01 * total["fp32"] or not gap else
-            f"{abs(gap):,} bytes {'larger' if gap > 0 else 'smaller'} than")
+    same = ("exactly the size of" if not gap else f"{abs(gap):,} bytes {'larger' if gap > 0 else 'smaller'} than"
+            if abs(gap) <= 0.01 * total["fp32"] else size_words(total["bf16"], total["fp32"]))
     text = (f"At N = {nproc} the bf16 checkpoint ({total['bf16'] / 2**20:.3f} MiB) is {same} the fp32 one "
             f"({total['fp32'] / 2**20:.3f} MiB); "
             f"their weights and moments hold {per['bf16']:.4f} and {per['fp32']:.4f} bytes per parameter, where 12 "

@@ -85,8 +85,11 @@ def resume_answer(full_log: list[str], resumed_log: list[str], ckpt_dir: str | P
     same_lr = all(lrs[k] == again[k] for k in again)
     text = (f"This run resumed at step {step}, {where}. The checkpoint's `lr_scheduler` entry (last_batch_iteration "
             f"{state['lr_scheduler']['last_batch_iteration']}) put the schedule back there: the resumed run's first "
-            f"step used LR {again[step + 1]:.3g}, "
-            + ("the same as the uninterrupted run at every step" if same_lr else "not the uninterrupted run's")
+            f"step used LR {again[step + 1]:.3g}"
+            + (" (the warm-up's `warmup_min_lr`)" if again[step + 1] == state["ds_config"]["scheduler"]["params"].get(
+                "warmup_min_lr") else "") + ", "
+            + ("and every step's LR was the uninterrupted run's" if same_lr else
+               "but not every step's LR was the uninterrupted run's")
             + f", and it printed {resume_verdict(full, resumed, dtype)}.")
     if step == default_step or default_step + 1 not in lrs:
         return text + (" That is the default `RESUME_STEP`: set it to 1 and run again to resume inside the warm-up."
