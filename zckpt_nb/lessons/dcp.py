@@ -152,7 +152,7 @@ def principle_sentence(costs: dict[str, Any], num_params: int) -> str:
             f"reading the {costs['manifest']['source_world_size']} ranks' files after training one parameter at a "
             "time, so what it holds is bounded by the largest parameter's state plus fixed costs, not by P (the "
             f"peak above).{stage1} The whole command "
-            f"took {time_compared(costs)}, which keeps the weights only.")
+            f"took {time_compared(costs)}, and kept the moments that zero_to_fp32.py drops.")
 
 
 def leg_gaps(base: Any, leg: Any) -> list[float]:
