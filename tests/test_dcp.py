@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from zckpt_nb.convert.dcp import to_dcp
+from zckpt_nb.convert.dcp import RANK_FILES, UNIVERSAL_COPY, to_dcp
+from zckpt_nb.convert.reshard import ensure_universal
 from zckpt_nb.convert.verify import verify_universal
 from zckpt_nb.format.layout import DCP_KIND, universal_dir
 from zckpt_nb.run.launch import RunResult, launch, launch_module
@@ -27,10 +28,17 @@ def zero_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
 
 @pytest.fixture(scope="module")
 def converted(zero_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Its step-SWITCH checkpoint converted to DCP."""
+    """Its step-SWITCH checkpoint converted to DCP (straight from its rank files: no universal copy exists yet)."""
     out = tmp_path_factory.mktemp("dcp") / "step20"
-    to_dcp(zero_run.output_dir, out, TAG)
+    assert to_dcp(zero_run.output_dir, out, TAG)["conversion"]["route"] == RANK_FILES
     return out
+
+
+@pytest.fixture(scope="module")
+def universal_copy(zero_run: RunResult, converted: Path) -> Path:
+    """DeepSpeed's universal copy of the step-SWITCH checkpoint (ds_to_universal): the moments' reference."""
+    ensure_universal(zero_run.output_dir, TAG)
+    return universal_dir(zero_run.output_dir, TAG) / "zero"
 
 
 def fsdp2_load(dcp_dir: Path, config_dir: Path, nproc: int, out: Path) -> dict:
@@ -52,7 +60,7 @@ def test_to_dcp_is_committed_with_the_metadata_before_the_manifest(converted: Pa
 
 @pytest.mark.parametrize("nproc", [1, 2, 3])
 def test_plain_fsdp2_loads_weights_moments_and_step_exactly(zero_run: RunResult, converted: Path, nproc: int,
-                                                            tmp_path: Path) -> None:
+                                                            universal_copy: Path, tmp_path: Path) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     loaded = fsdp2_load(converted, zero_run.output_dir, nproc, tmp_path / "loaded.pt")
@@ -60,7 +68,7 @@ def test_plain_fsdp2_loads_weights_moments_and_step_exactly(zero_run: RunResult,
     reference = get_fp32_state_dict_from_zero_checkpoint(str(zero_run.output_dir), TAG)
     assert sorted(loaded["model"]) == sorted(reference)
     assert all(torch.equal(loaded["model"][k], reference[k]) for k in reference)
-    universal = universal_dir(zero_run.output_dir, TAG) / "zero"
+    universal = universal_copy
     state = loaded["optimizer"]["state"]
     assert sorted(state) == sorted(p.name for p in universal.iterdir() if p.is_dir())
     for name, moments in state.items():
@@ -74,6 +82,41 @@ def test_plain_fsdp2_loads_weights_moments_and_step_exactly(zero_run: RunResult,
     assert group["lr"] == pytest.approx(zero_run.data["lrs"][SWITCH])  # the LR the next step trains with
     assert loaded["train_state"]["step"] == SWITCH
     assert loaded["lr_scheduler"]["last_batch_iteration"] == SWITCH - 1
+
+
+@pytest.fixture(scope="module")
+def zero_run_3(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """A tiny ZeRO-3 run on 3 CPU ranks (its partitions padded where 3 does not divide a parameter), saved at step 2."""
+    out = tmp_path_factory.mktemp("zero3")
+    return launch(3, 2, out, save_checkpoint=True, verbose=False, progress=False, timeout=300)
+
+
+def dcp_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint, read whole by its FQN."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from zckpt_nb.convert.dcp import read_dcp
+
+    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
+    return read_dcp(folder, {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()
+                             if isinstance(m, TensorStorageMetadata)})
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_rank_files_and_universal_copy_give_identical_dcp_tensors(zero_run: RunResult, zero_run_3: RunResult,
+                                                                  nproc: int, tmp_path: Path) -> None:
+    """to-dcp straight from the rank files writes, tensor for tensor, what it writes through DeepSpeed's universal
+    copy (ds_to_universal, then one file per parameter), on 2 and 3 source ranks."""
+    run = {2: zero_run, 3: zero_run_3}[nproc]
+    tag = TAG if nproc == 2 else "global_step2"
+    direct = to_dcp(run.output_dir, tmp_path / "direct", tag, route=RANK_FILES)
+    assert direct["conversion"]["route"] == RANK_FILES and direct["source_world_size"] == nproc
+    through = to_dcp(run.output_dir, tmp_path / "universal", tag, route=UNIVERSAL_COPY)
+    assert through["conversion"]["route"] == UNIVERSAL_COPY
+    a, b = dcp_tensors(tmp_path / "direct"), dcp_tensors(tmp_path / "universal")
+    assert sorted(a) == sorted(b) and any(k.endswith(".exp_avg_sq") for k in a)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
 def test_to_dcp_refuses_to_replace_a_folder_it_did_not_write(zero_run: RunResult, tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Leave DeepSpeed with the optimizer: a ZeRO-3 checkpoint as a PyTorch DCP checkpoint that FSDP2 loads on any N.
 
-The known way out of DeepSpeed (zero_to_fp32, then safetensors) keeps the weights and drops Adam's moments. Here the
-checkpoint's universal copy (`convert.reshard`: one folder per parameter with its fp32 weights and both moments) is
-written as a `torch.distributed.checkpoint` (DCP) checkpoint under torchtitan's top-level names:
+The known way out of DeepSpeed (zero_to_fp32, then safetensors) keeps the weights and drops Adam's moments. Here a
+checkpoint's fp32 weights and both moments, read straight from its rank files (`convert.zero_shards`) or, where a
+universal copy of it is committed or its files are not plain ZeRO-3, from that copy (`convert.reshard`: one folder per
+parameter), are written as a `torch.distributed.checkpoint` (DCP) checkpoint under torchtitan's top-level names:
 
 - "model": what `get_state_dict(model, optimizer)` gives for the same Hugging Face model under FSDP2 (a tied weight
   under each of its names, as `model.state_dict()` lists them);
@@ -12,9 +13,10 @@ written as a `torch.distributed.checkpoint` (DCP) checkpoint under torchtitan's 
   data position (seed, global batch) and the LR horizon.
 
 Full (unsharded) tensors are written; DCP reshards them into DTensors on load, on any world size. The writer streams:
-the state dict holds meta-device placeholders and the planner loads one tensor when DCP asks for it, freeing the one
-before. DCP's `.metadata` is written last, then the package's manifest over every file, then the folder is renamed
-into place: committed like every other checkpoint here.
+the state dict holds meta-device placeholders and the planner reads one tensor when DCP asks for it, freeing the one
+before; a frozen parameter's weights come from the model-states files (it has no moments). DCP's `.metadata` is
+written last, then the package's manifest over every file, then the folder is renamed into place: committed like
+every other checkpoint here.
 """
 
 from __future__ import annotations
@@ -24,22 +26,24 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.reshard import ensure_universal, file_entries, manifest_hash
+from zckpt_nb.convert.reshard import ensure_universal, file_entries, manifest_hash, reusable
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.verify import newest_committed, read_kind, verify_universal
+from zckpt_nb.convert.verify import newest_committed, read_kind, verify_tag, verify_universal
+from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader
 from zckpt_nb.errors import CheckpointError, UsageError
 from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
-from zckpt_nb.format.manifest import FORMAT, read_manifest
+from zckpt_nb.format.manifest import FORMAT, elsewhere, read_manifest
 from zckpt_nb.measure import meters
 from zckpt_nb.model import model_config
 
-MOMENTS = ("exp_avg", "exp_avg_sq")
-WEIGHTS_FILE = "fp32"  # the universal copy's name for a parameter's fp32 weights
+RANK_FILES, UNIVERSAL_COPY = "rank files", "universal copy"  # to-dcp's two routes (the manifest's conversion.route)
 
 
 def rss_now() -> int:
@@ -49,48 +53,104 @@ def rss_now() -> int:
     return psutil.Process().memory_info().rss
 
 
+def return_large_frees() -> None:
+    """Have glibc give every freed block of 1 MiB or more back to the kernel at once (a fixed M_MMAP_THRESHOLD).
+
+    By default glibc raises its mmap threshold after each large free (up to 32 MiB), after which tensors come from
+    its heap, which it keeps: on `large` the writer's RSS rose 0.75-0.9 GiB above its baseline in runs whose source
+    files were cold in the page cache, 0.1 GiB with the threshold fixed. Neither torch nor Python sets this; glibc's
+    mallopt does (no-op elsewhere). It holds for the rest of this process: large tensors are mmapped, as before the
+    first free.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (glibc's malloc.h)
+    except (OSError, AttributeError, TypeError):
+        pass  # not glibc: its allocator has no such threshold to fix
+
+
+@contextmanager
+def no_zip_crc() -> Iterator[None]:
+    """torch.save without its zip CRC-32 (torch's documented `serialization.config`), restored after: the CRC took
+    ~40% of each save on `large`, and the manifest's SHA-256 covers every byte written; torch.load does without it."""
+    from torch.utils.serialization import config
+
+    crc, config.save.compute_crc32 = config.save.compute_crc32, False
+    try:
+        yield
+    finally:
+        config.save.compute_crc32 = crc
+
+
 def model_states(folder: Path) -> dict[str, Any]:
-    """Rank 0's model-states file of a universal copy, read weights-only: names, shapes, ties, scheduler, client."""
+    """Rank 0's model-states file in a tag folder or a universal copy, read weights-only: names, shapes, ties,
+    frozen parameters, scheduler, client state."""
     return load(min(folder.glob("zero_pp_rank_*_mp_rank_00_model_states.pt")), mmap=True)
 
 
-def adam_state(folder: Path) -> tuple[dict[str, Any], Any]:
-    """The universal copy's AdamW param group (without its params) and its step, memory-mapped (its moments are
-    rank 0's whole partition; only the step is read)."""
-    optim = load(folder / "zero" / "optimizer_state.pt", mmap=True)
-    groups, state = optim["param_groups"], optim["optimizer_state_dict"]["state"]
+def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]:
+    """The AdamW param group (without its params) and the step from DeepSpeed's optimizer state (rank 0's optimizer
+    file, or the universal copy's optimizer_state.pt: the same dict), memory-mapped: only the step is read."""
+    groups, state = optim["optimizer_state_dict"]["param_groups"], optim["optimizer_state_dict"]["state"]
     if len(groups) != 1:
-        raise CheckpointError(f"{folder} has {len(groups)} optimizer parameter groups; to-dcp converts one")
+        raise CheckpointError(f"{where} has {len(groups)} optimizer parameter groups; to-dcp converts one")
     group = {k: v for k, v in groups[0].items() if k != "params"}
     return group, next(iter(state.values()))["step"].clone()
 
 
-def dcp_state(folder: Path) -> tuple[dict[str, Any], dict[int, tuple[Path, tuple[int, ...]]]]:
-    """The DCP state dict with meta placeholders, and each placeholder's source file and shape (keyed by id)."""
+class Source:
+    """Where to-dcp reads each parameter: the tag's rank files (`shards`) or its universal copy (`folder/zero`)."""
+
+    def __init__(self, folder: Path, budget: int, universal: bool) -> None:
+        self.folder, self.universal = folder, universal
+        self.shards = ShardReader(folder, budget)  # frozen weights: the model-states files, in both layouts
+        self.states = model_states(folder)
+        self.shapes = {name: shape for group in self.states["param_shapes"] for name, shape in group.items()}
+
+    def adam(self) -> tuple[dict[str, Any], Any]:
+        """The AdamW param group and step."""
+        optim = self.folder / "zero" / "optimizer_state.pt"
+        if self.universal:
+            return adam_state(load(optim, mmap=True), optim)
+        return adam_state(self.shards.optimizer(), self.shards.optims.paths[0])
+
+    def read(self, name: str, kind: str) -> Any:
+        """Parameter `name`'s `kind` (fp32 weights or a moment), whole, in a storage of its own."""
+        if name in self.shards.frozen:
+            return self.shards.frozen_weight(name)
+        if self.universal:
+            return load(self.folder / "zero" / name / f"{kind}.pt", mmap=True).reshape(self.shapes[name]).clone()
+        return self.shards.trainable(name, kind)
+
+
+def dcp_state(source: Source) -> tuple[dict[str, Any], dict[int, tuple[str, str]]]:
+    """The DCP state dict with meta placeholders, and each placeholder's parameter and kind (keyed by id)."""
     import torch
 
-    states = model_states(folder)
-    shapes = {name: tuple(shape) for group in states["param_shapes"] for name, shape in group.items()}
+    states, trainable = source.states, source.shapes
+    shapes = {**source.shards.frozen, **trainable}
     ties, buffers = states.get("shared_params", {}), set(states.get("buffer_names", []))
-    group, step = adam_state(folder)
-    sources: dict[int, tuple[Path, tuple[int, ...]]] = {}
+    group, step = source.adam()
+    sources: dict[int, tuple[str, str]] = {}
 
     def placeholder(name: str, kind: str) -> Any:
         tensor = torch.empty(shapes[name], dtype=torch.float32, device="meta")
-        sources[id(tensor)] = (folder / "zero" / name / f"{kind}.pt", shapes[name])
+        sources[id(tensor)] = (name, kind)
         return tensor
 
     # get_state_dict lists a tied weight under each of its names (lm_head.weight is transformer.wte.weight)
-    model = {key: states["module"][key] if key in buffers else placeholder(ties.get(key, key), WEIGHTS_FILE)
+    model = {key: states["module"][key] if key in buffers else placeholder(ties.get(key, key), WEIGHTS)
              for key in states["module"]}
-    optim_state = {name: {**{m: placeholder(name, m) for m in MOMENTS}, "step": step.clone()} for name in shapes}
+    optim_state = {name: {**{m: placeholder(name, m) for m in MOMENTS}, "step": step.clone()} for name in trainable}
     client = {k: v for k, v in states.get(CLIENT_KEY, {}).items() if k != "rng"}  # RNG is per rank: not carried
-    return {"model": model, "optimizer": {"state": optim_state, "param_groups": [{**group, "params": list(shapes)}]},
+    return {"model": model, "optimizer": {"state": optim_state, "param_groups": [{**group, "params": list(trainable)}]},
             "lr_scheduler": dict(states.get("lr_scheduler") or {}), "train_state": client}, sources
 
 
-def streaming_planner(sources: dict[int, tuple[Path, tuple[int, ...]]]) -> Any:
-    """A DCP save planner that loads each placeholder's tensor when the writer asks for it, one at a time.
+def streaming_planner(source: Source, sources: dict[int, tuple[str, str]]) -> Any:
+    """A DCP save planner that reads each placeholder's tensor when the writer asks for it, one at a time.
 
     DCP's FileSystemWriter keeps a reference to every tensor it wrote into a file until that file is closed (it
     builds a dict of them for its safetensors format), so the tensor before is freed here once it is written: the
@@ -102,12 +162,11 @@ def streaming_planner(sources: dict[int, tuple[Path, tuple[int, ...]]]) -> Any:
         last: Any = None
 
         def resolve_data(self, write_item: Any) -> Any:
-            source = sources.get(id(self.lookup_object(write_item.index)))
-            if source is None:
+            wanted = sources.get(id(self.lookup_object(write_item.index)))
+            if wanted is None:
                 return super().resolve_data(write_item)
             self.release()
-            path, shape = source
-            self.last = load(path).reshape(shape).clone()  # a storage of its own, which release() can free
+            self.last = source.read(*wanted)
             return self.last
 
         def release(self) -> None:
@@ -118,19 +177,22 @@ def streaming_planner(sources: dict[int, tuple[Path, tuple[int, ...]]]) -> Any:
     return StreamingPlanner()
 
 
-def write_dcp(folder: Path, out: Path) -> dict[str, Any]:
-    """Write universal copy `folder` as a DCP checkpoint into `out` (no process group); seconds and peak RSS."""
+def write_dcp(source: Source, out: Path) -> dict[str, Any]:
+    """Write `source` as a DCP checkpoint into `out` (no process group); seconds and peak RSS."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
 
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # no process group is the point
+    return_large_frees()
     meters.reset_rss_high_water()
     baseline, start = rss_now(), time.perf_counter()
-    state, sources = dcp_state(folder)
-    planner = streaming_planner(sources)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(out, sync_files=True), planner=planner, no_dist=True)
+    state, sources = dcp_state(source)
+    planner = streaming_planner(source, sources)
+    with no_zip_crc():
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(out, sync_files=True), planner=planner, no_dist=True)
     planner.release()
+    source.shards.drop()
     return {"seconds": time.perf_counter() - start, "baseline_rss_bytes": baseline,
             "peak_rss_bytes": meters.rss_high_water() or 0}
 
@@ -141,21 +203,89 @@ def check_out_dir(out: Path) -> None:
         raise UsageError(f"{out} exists and is not a DCP checkpoint written by to-dcp; name a new or empty folder")
 
 
-def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
-    """Convert committed checkpoint `tag` (default: the newest) of `ckpt_dir` into a committed DCP folder `out_dir`."""
+def largest_state_bytes(ckpt_dir: str | Path, tag: str) -> int:
+    """The bound's unit: the largest parameter's fp32 state (weights and both Adam moments; a frozen one's weights
+    only), in bytes, read from the tag's rank files or, where it has none, its universal copy."""
+    folder = Path(ckpt_dir) / tag
+    states = model_states(folder if any(folder.glob("*_model_states.pt")) else universal_dir(ckpt_dir, tag))
+    trainable = max(int(s.numel()) for group in states["param_shapes"] for s in group.values())
+    frozen = max((int(s.numel()) for s in (states.get("frozen_param_shapes") or {}).values()), default=0)
+    return 4 * max(3 * trainable, frozen)
+
+
+def checked_while_importing(ckpt_dir: Path, tag: str) -> None:
+    """verify_tag (every rank file's size and SHA-256) in a thread while this one imports torch's DCP and DeepSpeed:
+    hashlib releases the GIL, so the check costs little beyond the imports; nothing is read before it passed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        check = pool.submit(verify_tag, ckpt_dir, tag)
+        import deepspeed.utils.zero_to_fp32  # noqa: F401  (what the conversion imports next, imported meanwhile)
+        import torch.distributed.checkpoint  # noqa: F401
+        check.result()
+
+
+def shard_source(ckpt_dir: Path, tag: str, route: str | None) -> Source | None:
+    """The tag's own rank files, checked against its manifest, where to-dcp reads them directly: no universal copy of
+    it is committed yet (unless `route` asks for the rank files), every rank's files are in this folder, and they
+    hold the plain ZeRO-3 layout. Else None, or CheckpointError where `route` asked for them."""
+    if route is None and reusable(ckpt_dir, tag) is not None:
+        return None  # converted already: reading it is the cheaper route
+    manifest = read_manifest(ckpt_dir / tag)
+    if not manifest.get("world_size") or elsewhere(manifest):
+        source = None  # no rank files (from-dcp's output) or one node's part: ensure_universal says what to do
+    else:
+        checked_while_importing(ckpt_dir, tag)
+        source = Source(ckpt_dir / tag, largest_state_bytes(ckpt_dir, tag) // 2, universal=False)
+        if not source.shards.plain():
+            source = None  # another layout (ZeRO-1/2, model parallel): DeepSpeed's ds_to_universal reads it
+    if source is None and route == RANK_FILES:
+        raise CheckpointError(f"{ckpt_dir / tag} has no plain ZeRO-3 rank files here to read; convert it through "
+                              "its universal copy")
+    if source is not None:
+        source.shards.index(source.shapes)
+    return source
+
+
+def open_source(ckpt_dir: Path, tag: str, route: str | None) -> tuple[Source, dict[str, Any]]:
+    """The source to-dcp streams from, chosen by what is on disk (or `route`), and what it is (route, step, world
+    size, cost); either one unmaps its files after reading half the bound's unit through them."""
+    start = time.perf_counter()
+    source = None if route == UNIVERSAL_COPY else shard_source(ckpt_dir, tag, route)
+    if source is not None:
+        manifest = read_manifest(ckpt_dir / tag)
+        skipped = {"seconds": 0.0, "peak_rss_bytes": 0, "bytes": 0, "source_bytes": 0, "reused": False}
+        return source, {"route": RANK_FILES, "check_seconds": time.perf_counter() - start, "universal": skipped,
+                        "step": manifest["step"], "source_world_size": manifest["world_size"],
+                        "identity": manifest.get("identity")}
+    universal, reused = ensure_universal(ckpt_dir, tag)
+    budget = largest_state_bytes(ckpt_dir, tag) // 2
+    return Source(universal_dir(ckpt_dir, tag), budget, universal=True), {
+        "route": UNIVERSAL_COPY, "check_seconds": 0.0, "universal": {**universal["conversion"], "reused": reused},
+        "step": universal["step"], "source_world_size": universal["source_world_size"],
+        "identity": universal.get("identity")}
+
+
+def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
+           route: str | None = None) -> dict[str, Any]:
+    """Convert committed checkpoint `tag` (default: the newest) of `ckpt_dir` into a committed DCP folder `out_dir`,
+    streamed from its rank files, or from its universal copy where one is committed or the files are not plain
+    ZeRO-3 (made first if missing); `route` ("rank files", "universal copy") forces one."""
     ckpt_dir, out = Path(ckpt_dir), Path(out_dir).resolve()
+    if route not in (None, RANK_FILES, UNIVERSAL_COPY):
+        raise UsageError(f"route {route!r}: pass None, {RANK_FILES!r} or {UNIVERSAL_COPY!r}")
     check_out_dir(out)
     tag = tag or newest_committed(ckpt_dir, "converting to DCP")
-    universal, reused = ensure_universal(ckpt_dir, tag)
+    source, facts = open_source(ckpt_dir, tag, route)
     tmp = out.with_name(f"{out.name}.converting")
     shutil.rmtree(tmp, ignore_errors=True)  # a conversion that crashed earlier: never loaded
-    cost = write_dcp(universal_dir(ckpt_dir, tag), tmp)
-    cost["universal"] = {**universal["conversion"], "reused": reused}
+    cost = write_dcp(source, tmp)
+    cost.update(route=facts["route"], check_seconds=facts["check_seconds"], universal=facts["universal"])
     files = file_entries(tmp)
     cost["bytes"] = sum(f["bytes"] for f in files)
     atomic_write(tmp / MANIFEST, json.dumps({
-        "format": FORMAT, "kind": DCP_KIND, "tag": tag, "step": universal["step"],
-        "source_world_size": universal["source_world_size"], "identity": universal.get("identity"),
+        "format": FORMAT, "kind": DCP_KIND, "tag": tag, "step": facts["step"],
+        "source_world_size": facts["source_world_size"], "identity": facts["identity"],
         "source_manifest_sha256": manifest_hash(ckpt_dir, tag), "conversion": cost, "files": files}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
@@ -163,19 +293,13 @@ def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) ->
     return read_manifest(out)
 
 
-def largest_state_bytes(ckpt_dir: str | Path, tag: str) -> int:
-    """The bound's unit: the largest parameter's fp32 state (weights and both Adam moments), in bytes."""
-    states = model_states(universal_dir(ckpt_dir, tag))
-    largest = max(int(s.numel()) for group in states["param_shapes"] for s in group.values())
-    return 3 * 4 * largest
-
-
 def describe_to_dcp(manifest: dict[str, Any]) -> str:
     """One line: what was converted, its bytes, seconds and peak memory above the baseline."""
     c = manifest["conversion"]
     extra = (c["peak_rss_bytes"] - c["baseline_rss_bytes"]) / 2**20
     return (f"{manifest['tag']} (saved by {manifest['source_world_size']} rank(s), step {manifest['step']}) is now a "
-            f"DCP checkpoint of {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files, written in "
+            f"DCP checkpoint of {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files, read from its "
+            f"{c.get('route', UNIVERSAL_COPY)} and written in "
             f"{c['seconds']:.1f} s with a peak of {extra:.0f} MiB above the converter's baseline; FSDP2 loads it on "
             "any number of ranks with dcp.load and set_state_dict")
 
@@ -206,20 +330,34 @@ def dcp_globals(folder: Path) -> tuple[list[str], dict[str, Any], dict[str, Any]
     return group.pop("params"), group, values
 
 
-def write_param(folder: Path, zero: Path, name: str, shape: Any) -> Any:
-    """One parameter's fp32 weights and both moments from the DCP checkpoint into zero/<name>/ (flat, as
-    ds_to_universal writes them); returns its step."""
+def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
+    """The parameters in order, grouped so that a group's fp32 state (weights and both moments) stays within the
+    largest parameter's: one dcp.load per group, whose fixed cost (~50 ms a call on `large`) is paid less often."""
+    limit, groups, size = 12 * max(math.prod(s) for s in params.values()), [[]], 0
+    for name, shape in params.items():
+        if groups[-1] and size + 12 * math.prod(shape) > limit:
+            groups, size = [*groups, []], 0
+        groups[-1].append(name)
+        size += 12 * math.prod(shape)
+    return groups
+
+
+def write_params(folder: Path, zero: Path, params: dict[str, tuple[int, ...]], names: list[str]) -> list[Any]:
+    """Parameters `names`' fp32 weights and both moments, read from the DCP checkpoint in one dcp.load, into
+    zero/<name>/ (flat, as ds_to_universal writes them); returns their steps."""
     import torch
 
-    optim = f"optimizer.state.{name}"
-    keys = {f"model.{name}": torch.empty(shape), **{f"{optim}.{m}": torch.empty(shape) for m in MOMENTS},
-            f"{optim}.step": torch.zeros(())}
+    keys: dict[str, Any] = {}
+    for name in names:
+        optim = f"optimizer.state.{name}"
+        keys |= {f"model.{name}": torch.empty(params[name]), f"{optim}.step": torch.zeros(()),
+                 **{f"{optim}.{m}": torch.empty(params[name]) for m in MOMENTS}}
     got = read_dcp(folder, keys)
-    (zero / name).mkdir(parents=True)
-    torch.save(got[f"model.{name}"].flatten(), zero / name / f"{WEIGHTS_FILE}.pt")
-    for m in MOMENTS:
-        torch.save(got[f"optimizer.state.{name}.{m}"].flatten(), zero / name / f"{m}.pt")
-    return got[f"{optim}.step"]
+    for name in names:
+        (zero / name).mkdir(parents=True)
+        for kind, key in ((WEIGHTS, f"model.{name}"), *((m, f"optimizer.state.{name}.{m}") for m in MOMENTS)):
+            torch.save(got.pop(key).flatten(), zero / name / f"{kind}.pt")  # popped: freed once written
+    return [got[f"optimizer.state.{name}.step"] for name in names]
 
 
 def tied_names(config: str) -> dict[str, str]:
@@ -270,7 +408,9 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> dict[str,
     params = {n: tuple(meta[f"model.{n}"].size) for n in names}
     tag, train = tag_for(source["step"]), {k: v for k, v in values.items() if k.startswith("train_state.")}
     uni = universal_dir(out, tag)
-    steps = [write_param(folder, uni / "zero", n, s) for n, s in params.items()]
+    return_large_frees()
+    with no_zip_crc():
+        steps = [s for names in param_batches(params) for s in write_params(folder, uni / "zero", params, names)]
     torch.save({"optimizer_state_dict": {"state": {0: {"step": steps[0]}}, "param_groups": [{**group, "params": [0]}]},
                 "param_groups": [{**group, "params": [0]}]}, uni / "zero" / "optimizer_state.pt")
     states = zero_states(params, ties, values, source["source_world_size"])
