@@ -1,13 +1,20 @@
 """to-dcp against DeepSpeed's `zero_to_fp32.py` on the same ZeRO-3 checkpoint: time, and peak memory against its bound.
 
     python benchmarks/dcp_convert.py --model large --nproc 2
-    python benchmarks/dcp_convert.py --ckpt DIR          # an existing committed checkpoint instead of a new run
+    python benchmarks/dcp_convert.py --ckpt DIR [--also-universal]   # an existing committed checkpoint, no new run
 
 A one-step run on `--nproc` CPU ranks writes the checkpoint (unless `--ckpt`); then, in this one run and on the same
-files, `zero_to_fp32.py` (weights only) and `python -m zckpt_nb to-dcp` (weights and both Adam moments) each run as
-their own process. to-dcp has two stages: DeepSpeed's `ds_to_universal` (in a child process, measured there) and the
-DCP writer, whose peak RSS above its baseline (the kernel's VmHWM after a reset) is held to issue 26's bound: 2x the
-largest parameter's fp32 state (weights and both moments). Prints both routes side by side and their ratios.
+files, `zero_to_fp32.py` (weights only), `python -m zckpt_nb to-dcp` (weights and both Adam moments) and its way
+back, `from-dcp` (into the universal layout), each run as their own process, traced from outside (wall time, the
+kernel's peak RSS). to-dcp reads the rank files directly (its stages: the SHA-256 check of every rank file, then the
+DCP writer); with `--also-universal` it runs a second time
+through DeepSpeed's universal copy (`ds_to_universal` in a child process, then the writer), the route it takes when a
+universal copy is already committed. The DCP writer's peak RSS above its baseline (VmHWM after a reset) is held to
+issue 26's bound: 2x the largest parameter's fp32 state (weights and both moments). Prints every route side by side.
+
+Every timed process runs with Python's bytecode cache, as installed packages run (`PYTHONPYCACHEPREFIX` under
+`--output_root`, warmed by one import of what the routes import): where PYTHONDONTWRITEBYTECODE is set, as on this
+machine, each process would otherwise compile torch's and DeepSpeed's modules again (4-5 s of every run here).
 """
 
 from __future__ import annotations
@@ -16,25 +23,47 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
+import shutil
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
-from zckpt_nb.convert.dcp import largest_state_bytes
+from zckpt_nb.convert.dcp import UNIVERSAL_COPY, largest_state_bytes
 from zckpt_nb.convert.verify import newest_committed
-from zckpt_nb.convert.zero_to_fp32 import zero_to_fp32_script
+from zckpt_nb.format.layout import universal_dir
 from zckpt_nb.format.manifest import read_manifest
+from zckpt_nb.measure.trace import trace_command
 from zckpt_nb.run.launch import fresh_dir, launch
 
+UNIVERSAL = "import sys; from zckpt_nb.convert.dcp import to_dcp; to_dcp(*sys.argv[1:4], route='universal copy')"
+IMPORTS = ("import zckpt_nb.cli, zckpt_nb.convert.dcp, torch.distributed.checkpoint, deepspeed.utils.zero_to_fp32, "
+           "deepspeed.checkpoint.ds_to_universal")
 
-def timed(command: list[str]) -> float:
-    """Run `command` to the end (it must succeed); its wall seconds."""
-    start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, text=True,
-                   env=dict(os.environ, DS_ACCELERATOR="cpu"))
-    return time.perf_counter() - start
+
+def child_env(cache: Path) -> dict[str, str]:
+    """The routes' environment: CPU DeepSpeed, and Python's bytecode cache in `cache`."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPYCACHEPREFIX=str(cache))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def traced(command: list[str], env: dict[str, str]) -> Any:
+    """Run `command` to the end (it must succeed), traced: its wall seconds and peak RSS."""
+    trace = trace_command(command, env=env, timeout=3600)
+    if trace.returncode:
+        raise SystemExit(f"{command[1:3]} failed: {trace.output.strip().splitlines()[-1:]}")
+    return trace
+
+
+def to_dcp_rows(name: str, trace: Any, out: Path) -> list[tuple[str, float, int | None, int | None]]:
+    """One route of to-dcp: its stages (from its manifest's conversion) and the whole command."""
+    cost = read_manifest(out)["conversion"]
+    uni = cost["universal"]
+    first = (f"{name}: ds_to_universal" + (" (reused)" if uni["reused"] else ""), uni["seconds"],
+             uni["peak_rss_bytes"], uni["bytes"]) if cost["route"] == UNIVERSAL_COPY else \
+        (f"{name}: SHA-256 check, imports", cost["check_seconds"], None, None)
+    return [first, (f"{name}: DCP writer", cost["seconds"], cost["peak_rss_bytes"], cost["bytes"]),
+            (f"{name}, whole command", trace.wall, max(trace.peak_bytes, uni["peak_rss_bytes"]), cost["bytes"])]
 
 
 def main() -> None:
@@ -42,8 +71,12 @@ def main() -> None:
     parser.add_argument("--model", default="large")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--ckpt", default=None, help="a committed checkpoint folder to convert (skips the run)")
+    parser.add_argument("--also-universal", action="store_true", help="also time to-dcp through the universal copy")
     parser.add_argument("--output_root", default="build/bench/dcp")
     args = parser.parse_args()
+    if args.ckpt and Path(args.output_root, args.model).resolve() in Path(args.ckpt).resolve().parents:
+        raise SystemExit(f"--ckpt {args.ckpt} lies inside {args.output_root}/{args.model}, which this run empties; "
+                         "move it or pass another --output_root")
     print(f"command: python {' '.join(sys.argv)}\n{os.cpu_count()} CPU cores, Python {platform.python_version()}")
     out = fresh_dir(f"{args.output_root}/{args.model}")
     ckpt = Path(args.ckpt) if args.ckpt else out / "ckpt"
@@ -51,27 +84,30 @@ def main() -> None:
         launch(args.nproc, 1, ckpt, save_checkpoint=True, model=args.model, timeout=3600, progress=False,
                verbose=False)
     tag = newest_committed(ckpt, "benchmarking")
-    start = time.perf_counter()
-    done = zero_to_fp32_script(ckpt, out / "fp32", "--tag", tag, timeout=3600)
-    fp32_seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"zero_to_fp32.py failed: {done.stderr.strip().splitlines()[-1:]}")
-    fp32_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the only child so far
-    dcp_seconds = timed([sys.executable, "-m", "zckpt_nb", "to-dcp", str(ckpt), str(out / "dcp"), "--tag", tag])
-    cost = read_manifest(out / "dcp")["conversion"]
-    universal, bound = cost["universal"], 2 * largest_state_bytes(ckpt, tag)
-    extra = cost["peak_rss_bytes"] - cost["baseline_rss_bytes"]
+    made_universal, env = not universal_dir(ckpt, tag).exists(), child_env(Path(args.output_root).resolve() / "pycache")
+    traced([sys.executable, "-c", IMPORTS], env)  # warm the bytecode cache
+    fp32 = traced([sys.executable, str(ckpt / "zero_to_fp32.py"), str(ckpt), str(out / "fp32"), "--tag", tag], env)
+    direct = traced([sys.executable, "-m", "zckpt_nb", "to-dcp", str(ckpt), str(out / "dcp"), "--tag", tag], env)
     fp32_bytes = sum(p.stat().st_size for p in (out / "fp32").rglob("*") if p.is_file())
-    rows = [("zero_to_fp32.py (weights)", fp32_seconds, fp32_peak, fp32_bytes),
-            ("to-dcp: ds_to_universal" + (" (reused)" if universal["reused"] else ""), universal["seconds"],
-             universal["peak_rss_bytes"], universal["bytes"]),
-            ("to-dcp: DCP writer", cost["seconds"], cost["peak_rss_bytes"], cost["bytes"]),
-            ("to-dcp, whole command", dcp_seconds, max(universal["peak_rss_bytes"], cost["peak_rss_bytes"]),
-             cost["bytes"])]
-    print(f"\n{'route':30} {'time (s)':>9} {'peak RSS (MiB)':>15} {'written (MiB)':>14}")
+    rows = [("zero_to_fp32.py (weights)", fp32.wall, fp32.peak_bytes, fp32_bytes),
+            *to_dcp_rows("to-dcp", direct, out / "dcp")]
+    back = traced([sys.executable, "-m", "zckpt_nb", "from-dcp", str(out / "dcp"), str(out / "back"), "--config",
+                   args.model], env)
+    back_cost = read_manifest(universal_dir(out / "back", tag))["conversion"]
+    rows.append(("from-dcp (the way back), whole", back.wall, back.peak_bytes, back_cost["bytes"]))
+    if args.also_universal:
+        through = traced([sys.executable, "-c", UNIVERSAL, str(ckpt), str(out / "dcp_universal"), tag], env)
+        rows += to_dcp_rows("via universal copy", through, out / "dcp_universal")
+        if made_universal:  # leave the checkpoint as it was: a committed copy would change to-dcp's route
+            shutil.rmtree(universal_dir(ckpt, tag))
+    cost, bound = read_manifest(out / "dcp")["conversion"], 2 * largest_state_bytes(ckpt, tag)
+    extra = cost["peak_rss_bytes"] - cost["baseline_rss_bytes"]
+    print(f"\nto-dcp read from: {cost['route']}\n{'route':36} {'time (s)':>9} {'peak RSS (MiB)':>15} "
+          f"{'written (MiB)':>14}")
     for name, seconds, peak, written in rows:
-        print(f"{name:30} {seconds:9.1f} {peak / 2**20:15.0f} {written / 2**20:14.1f}")
-    print(f"\nto-dcp / zero_to_fp32.py time: {dcp_seconds / fp32_seconds:.2f}x (goal: <= 1); the DCP writer's peak "
+        mib = ("-", "-") if peak is None else (f"{peak / 2**20:.0f}", f"{written / 2**20:.1f}")
+        print(f"{name:36} {seconds:9.1f} {mib[0]:>15} {mib[1]:>14}")
+    print(f"\nto-dcp / zero_to_fp32.py time: {direct.wall / fp32.wall:.2f}x (goal: <= 1); the DCP writer's peak "
           f"above its baseline: {extra / 2**20:.1f} MiB against the bound {bound / 2**20:.1f} MiB "
           f"(2x the largest parameter's fp32 state): {extra / bound:.2f} of it "
           f"({'within' if extra <= bound else 'OVER'} the bound)")
