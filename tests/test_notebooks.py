@@ -219,7 +219,8 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert stall.overlap_sentence(stall.step_rows(loaded)) in text
     hours, gpus = get("GPU_MTBF_HOURS"), get("CLUSTER_GPUS")
     mtbf = job_mtbf_seconds(hours, gpus)
-    assert stall.interval_sentence(stall.interval_rows(saves, mtbf, get("RESTART_S")), hours, gpus, mtbf) in text
+    assert stall.interval_sentence(stall.interval_rows(saves, mtbf, get("RESTART_S")), hours, gpus, mtbf,
+                                   stall.summary(saves)) in text
     assert stall.interval_answer(saves, hours, gpus, default_gpus=1024) in text  # exercise 1
 
 

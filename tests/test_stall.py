@@ -80,10 +80,24 @@ def test_the_interval_calculator_uses_each_durable_modes_mean_stall_and_lag():
     assert [r["mode"] for r in rows] == ["commit"]  # plain is never durable: no interval
     assert rows[0]["mean stall per save s"] == 2.0 and rows[0]["durable lag s"] == 0.5
     assert rows[0]["optimum interval s"] == round((2 * 2.0 * 36000) ** 0.5, 1)
+    said = stall.interval_sentence(rows, 10_000, 1024, 3600.0 * 10)
+    assert "The least time is lost with commit, and" in said  # one durable mode: no tie to call
+    twin = [stall.save_record("async", 0, save(t, 0, s, s + 0.5)) for t, s in (("a", 1.1), ("b", 2.9))]
+    rows = stall.interval_rows(records + twin, mtbf=3600.0 * 10, restart=60.0)
+    said = stall.interval_sentence(rows, 10_000, 1024, 3600.0 * 10, stall.summary(records + twin))
+    assert "a tie with" in said  # means 2.0 and 2.0 +- 1.0: within chance
     answer = stall.interval_answer(records, 10_000, 1024, default_gpus=1024)  # the default: what 4x would do
     assert "to 4,096 GPUs" in answer and "commit from" in answer and "(0.50x)" in answer
     answer = stall.interval_answer(records, 10_000, 256, default_gpus=1024)  # the learner's own: against the default
     assert "From 1,024 to 256 GPUs" in answer and "(2.00x)" in answer and "This run used 256 GPUs" in answer
+
+
+def test_the_steps_before_the_first_save_are_left_out_of_the_overlap_comparison():
+    # a slow warm-up step, then a step holding a save (0.1 s stall) written until 2.5, then one more
+    rank = {"step_starts": [0.0, 1.0, 2.2, 3.2], "saves": [{"started_at": 2.0, "stall_seconds": 0.1,
+                                                           "durable_seconds": 0.5, "commit_wait_seconds": 0.0}]}
+    assert [round(t, 3) for t, _ in stall.after_first_save(rank)] == [1.1, 1.0]
+    assert stall.step_rows({"async": {"ranks": [rank]}})[0]["steps x ranks"] == 2
 
 
 def test_overlap_sentence_says_slower_only_beyond_the_tolerance():

@@ -205,11 +205,20 @@ def step_seconds(rank: dict[str, Any]) -> list[tuple[float, bool]]:
     return steps
 
 
+def after_first_save(rank: dict[str, Any]) -> list[tuple[float, bool]]:
+    """`step_seconds` from the step that holds the first save on: the steps before it are the run's warm-up (the
+    first is 3-4x a later one here), and no save can overlap them, so they would weigh on one side only."""
+    first = min((s["started_at"] for s in rank["saves"]), default=float("inf"))
+    starts = rank["step_starts"]
+    return [st for st, end in zip(step_seconds(rank), starts[1:]) if end > first]
+
+
 def step_rows(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per mode: the median training step (the save's stall taken out) with and without a save being written."""
+    """Per mode: the median training step (the save's stall taken out) with and without a save being written,
+    from the first save on (`after_first_save`)."""
     rows = []
     for mode, run in runs.items():
-        steps = [st for rank in run["ranks"] for st in step_seconds(rank)]
+        steps = [st for rank in run["ranks"] for st in after_first_save(rank)]
         busy, idle = [t for t, w in steps if w], [t for t, w in steps if not w]
         rows.append({"mode": mode, "steps x ranks": len(steps),
                      "median step s, no save being written": round(median(idle), 4) if idle else NONE,
@@ -226,9 +235,8 @@ def overlap_sentence(rows: list[dict[str, Any]], tolerance: float = 0.1) -> str:
     verdict = (f"slower by more than {tolerance:.0%}, as expected where the background write and hashing share "
                "the CPU cores with training; part of the stall saved comes back as slower steps"
                if busy > (1 + tolerance) * idle else
-               f"faster by more than {tolerance:.0%}, which a write cannot cause: the machine's load changed between "
-               "these steps (other processes on shared cores), so this run cannot tell whether the write slows "
-               "training" if busy < (1 - tolerance) * idle else
+               f"faster by more than {tolerance:.0%}, which the write itself cannot cause, so this run cannot tell "
+               "whether the write slows training" if busy < (1 - tolerance) * idle else
                f"within {tolerance:.0%}, so this run shows no slowdown from the overlapping write")
     return (f"While an asynchronous save was being written, a training step took a median {busy:.3f} s against "
             f"{idle:.3f} s otherwise in the same run ({busy / idle:.2f}x): {verdict}.")
@@ -263,8 +271,10 @@ def interval_rows(records: list[dict[str, Any]], mtbf: float, restart: float) ->
     return rows
 
 
-def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, mtbf: float) -> str:
-    """Young's optimum for each durable mode in words, and which loses the least time."""
+def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, mtbf: float,
+                      stalls: list[dict[str, Any]] | None = None) -> str:
+    """Young's optimum for each durable mode in words, and which loses the least time; with section 2's `summary`
+    rows (`stalls`), a mode whose mean stall ties with the best one's (`ties_with`) is named a tie."""
     if not rows:
         return "No mode run here makes its checkpoint durable, so there is no interval to compute."
     best = min(rows, key=lambda r: r["lost at optimum %"])
@@ -272,9 +282,14 @@ def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: i
                      f"s, losing {r['lost at optimum %']:.3f}% of the time" for r in rows)
     causes = {k.split()[1]: best[k] for k in ("to saves %", "to rework %", "to restarts %")}
     cause = max(causes, key=causes.get)
+    by_mode = {r["mode"]: r for r in stalls or []}
+    tied = [r["mode"] for r in rows if r is not best and r["mode"] in by_mode and best["mode"] in by_mode
+            and ties_with(by_mode[best["mode"]], by_mode[r["mode"]])]
+    least = (f"{best['mode']}" if not tied else f"{best['mode']}, a tie with {', '.join(tied)} (their mean stalls "
+             "differ by less than twice the standard error of the difference)")
     return (f"With one failure every {mtbf / 3600:,.1f} h ({gpu_mtbf_hours:,} h per GPU over {gpus:,} GPUs), "
             f"Young's optimum sqrt(2 x stall x MTBF) says: save with {each}. The least time is lost with "
-            f"{best['mode']}, and the largest share of it goes to {cause} ({causes[cause]:.3f}% of the time).")
+            f"{least}, and the largest share of it goes to {cause} ({causes[cause]:.3f}% of the time).")
 
 
 def interval_answer(records: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, default_gpus: int,
