@@ -92,3 +92,12 @@ def test_auto_dtype_follows_the_ranks(monkeypatch):
     assert (lesson_dtype("auto"), lesson_dtype("fp32")) == ("bf16", "fp32")
     monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cpu", 0))
     assert (lesson_dtype("auto"), lesson_dtype("bf16")) == ("fp32", "bf16")
+
+
+def test_cpu_only_lessons_run_cpu_ranks_whatever_the_gpus(monkeypatch):
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 8))  # the ranks would fit: CPU all the same
+    said = use_lesson_ranks([3, 2, 3], cpu_only="the FSDP2 worker runs CPU ranks only")
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    assert said == ("Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), 2 and 3 of them per job: "
+                    "the FSDP2 worker runs CPU ranks only; the 8 GPU(s) here stay idle.")

@@ -14,24 +14,6 @@ OWN_LOOP, TRAINER_LOOP = "zckpt_nb.examples.own_loop", "zckpt_nb.examples.traine
 DEFAULT_NPROC, DEFAULT_DROP = 2, (-1, "optim_states")  # notebook 08's defaults, which its answers compare against
 
 
-def use_cpu_ranks(world_sizes: list[int], why: str) -> str:
-    """Put every launch of a notebook whose scripts run CPU ranks only on CPU ranks (DS_ACCELERATOR=cpu, for the
-    kernel and every launch), whatever GPUs are here; one sentence saying so and why.
-
-    `run.devices.use_lesson_ranks` would pick GPU ranks where the world sizes fit; these scripts join gloo on CPU.
-    """
-    import os
-
-    from zckpt_nb.run.devices import gpu_count
-
-    gpus = gpu_count()  # before DS_ACCELERATOR=cpu hides them
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    sizes = sorted(set(world_sizes))
-    sizes = ", ".join(map(str, sizes[:-1])) + (" and " if len(sizes) > 1 else "") + str(sizes[-1])
-    here = f"the {gpus} GPU(s) here stay idle" if gpus else "there is no GPU here either"
-    return f"Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), {sizes} of them per job: {why}; {here}."
-
-
 def run_example(module: str, out: str | Path, *args: str, nproc: int = 2, timeout: float = 600) -> list[str]:
     """One of `zckpt_nb.examples` on `nproc` CPU ranks under torchrun; the lines its ranks printed."""
     log, _ = launch_module(module, [str(out), *args], nproc=nproc, timeout=timeout, name=module.rsplit(".")[-1],

@@ -95,21 +95,26 @@ def lesson_placement(world_sizes: list[int], accelerator: str, gpus: int) -> Pla
     return choose_world(largest, accelerator, gpus, exact=True)
 
 
-def use_lesson_ranks(world_sizes: list[int]) -> str:
-    """Put this notebook's launches where `lesson_placement` says and say so in one sentence.
+def use_lesson_ranks(world_sizes: list[int], cpu_only: str = "") -> str:
+    """Put this notebook's launches where `lesson_placement` says, or on CPU ranks whatever the GPUs when `cpu_only`
+    says why (scripts that join gloo on CPU), and say so in one sentence.
 
     CPU ranks are chosen for the whole kernel by `DS_ACCELERATOR=cpu`, which `gpu_count`, and so every launch, reads.
     """
     accelerator, gpus = machine()
     where = lesson_placement(world_sizes, accelerator, gpus)
-    sizes = " and ".join(str(n) for n in sorted(set(world_sizes)))
-    if where.accelerator == "cuda":
+    named = [str(n) for n in sorted(set(world_sizes))]
+    sizes = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+    if where.accelerator == "cuda" and not cpu_only:
         return f"Every launch runs GPU ranks, one per GPU (NCCL): {sizes} rank(s), of the {gpus} GPU(s) here."
     os.environ["DS_ACCELERATOR"] = "cpu"
-    why = (f"{max(world_sizes)} ranks do not fit the {gpus} GPU(s) here (NCCL needs one GPU per rank)" if gpus
-           else "there is no GPU here")
+    if cpu_only:
+        why = f"{cpu_only}; " + (f"the {gpus} GPU(s) here stay idle" if gpus else "there is no GPU here either")
+    elif gpus:
+        why = f"{max(world_sizes)} ranks do not fit the {gpus} GPU(s) here (NCCL needs one GPU per rank)"
+    else:
+        why = "there is no GPU here"
     return f"Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), {sizes} of them per job: {why}."
-
 
 def lesson_dtype(dtype: str) -> str:
     """The training dtype a notebook's `DTYPE` means here: "auto" is bf16 on GPU ranks, fp32 on CPU ranks (the
