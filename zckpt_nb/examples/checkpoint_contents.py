@@ -50,7 +50,7 @@ def train(engine: Any, steps: int, start: int = 0) -> None:
     for step in range(start, steps):
         g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
         ids = torch.randint(0, engine.module.config.vocab_size, (engine.train_micro_batch_size_per_gpu(), 32),
-                            generator=g)
+                            generator=g).to(engine.device)
         engine.backward(engine(input_ids=ids, labels=ids).loss)
         engine.step()
 
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--freeze", default="all_but_last_block", choices=list(FREEZE))
     args = parser.parse_args()
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed()  # the accelerator's backend: gloo on CPU ranks, nccl on GPUs
     out, steps, loads = args.out, args.steps, {}
     if dist.get_rank() == 0:  # only the folders: every save below is collective
         os.makedirs(out, exist_ok=True)
