@@ -238,6 +238,7 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert base.data["dtype"] == lesson_dtype(parameters.get("DTYPE", "auto"))
     local = sorted(runs.glob("node*"))
     assert len(local) == parameters.get("NODES", 2) and worlds.nodes_answer(folder_rows(local), 2) in text
+    assert "The principle calls a partitioned checkpoint optimal for training resumption. That holds on the " in text
     assert all(r.data["global_batch"] == parameters.get("GLOBAL_BATCH", 16) for r in [base, *resumed.values()])
 
 
