@@ -21,5 +21,5 @@ def plot_lost_time(curves: dict[str, list[Loss]], *, title: str, caption: str) -
         ax.plot(best.interval, 100 * best.total, "o", color=line.get_color())
     ax.set(xscale="log", yscale="log", title=title, xlabel="seconds of training between saves (s, log scale)",
            ylabel="time lost (% of wall time, log)")
-    ax.legend(loc="lower left")  # below the curves, which rise at both ends
+    ax.legend(loc="upper center")  # between the curves' two ends, which rise away from the minimum
     return add_caption(fig, caption)
