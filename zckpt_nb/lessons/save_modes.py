@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zckpt_nb.lessons.stall import NEVER, overlap_verdict
+from zckpt_nb.lessons.stall import NEVER, overlap_verdict, tied_modes
 from zckpt_nb.plan.costs import predict, predicted_for
 
 KIB = 1024
@@ -78,6 +78,8 @@ def summary_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], stal
     sides = {side: len(found) for side, found in memory_sides(records).items()}
     held = max(memory, key=lambda r: r["snapshot MiB"])
     best = min(intervals, key=lambda r: r["lost at optimum %"]) if intervals else None
+    tied = tied_modes(best, intervals, stalls) if best else []
+    tie = f", a tie with {', '.join(tied)}" if tied else ""
     found = [
         ("1", "bytes written and collective bytes: as predicted?",
          f"{sum(r['collective bytes: predicted = logged'] for r in rows)} of {len(rows)} (mode, N) collectives "
@@ -92,8 +94,8 @@ def summary_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], stal
         ("4", "host memory the async snapshot holds",
          f"{held['snapshot MiB']} MiB per rank" if held["snapshot MiB"] else "none (no async save ran)"),
         ("5", "least time lost at Young's interval",
-         f"{best['mode']}: every {best['optimum interval s']:,.0f} s, {best['lost at optimum %']:.3f}% lost" if best
-         else "no durable mode ran")]
+         f"{best['mode']}{tie}: every {best['optimum interval s']:,.0f} s, "
+         f"{best['lost at optimum %']:.3f}% lost" if best else "no durable mode ran")]
     return [{"section": s, "question": q, "this run": a} for s, q, a in found]
 
 

@@ -306,6 +306,14 @@ def interval_rows(records: list[dict[str, Any]], mtbf: float, restart: float) ->
     return rows
 
 
+def tied_modes(best: dict[str, Any], rows: list[dict[str, Any]], stalls: list[dict[str, Any]]) -> list[str]:
+    """The modes of `interval_rows` other than `best` whose mean stall ties with best's (`ties_with`, on section 2's
+    `summary` rows `stalls`)."""
+    by_mode = {r["mode"]: r for r in stalls}
+    return [r["mode"] for r in rows if r is not best and {r["mode"], best["mode"]} <= by_mode.keys()
+            and ties_with(by_mode[best["mode"]], by_mode[r["mode"]])]
+
+
 def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: int, mtbf: float,
                       stalls: list[dict[str, Any]] | None = None) -> str:
     """Young's optimum for each durable mode in words, and which loses the least time; with section 2's `summary`
@@ -317,9 +325,7 @@ def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: i
                      f"s, losing {r['lost at optimum %']:.3f}% of the time" for r in rows)
     causes = {k.split()[1]: best[k] for k in ("to saves %", "to rework %", "to restarts %")}
     cause = max(causes, key=causes.get)
-    by_mode = {r["mode"]: r for r in stalls or []}
-    tied = [r["mode"] for r in rows if r is not best and r["mode"] in by_mode and best["mode"] in by_mode
-            and ties_with(by_mode[best["mode"]], by_mode[r["mode"]])]
+    tied = tied_modes(best, rows, stalls or [])
     least = (f"{best['mode']}" if not tied else f"{best['mode']}, a tie with {', '.join(tied)} (their mean stalls "
              "differ by less than twice the standard error of the difference)")
     return (f"With one failure every {mtbf / 3600:,.1f} h ({gpu_mtbf_hours:,} h per GPU over {gpus:,} GPUs), "
