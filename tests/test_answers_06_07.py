@@ -102,3 +102,23 @@ def test_the_universal_sentence_finds_rank_0s_optimizer_file_in_bf16_too():
     said = worlds.universal_sentence(copy, source, elements=10, folders=1, num_params=10)
     assert "exactly P" in said and "1.50x the source's" in said and "300 in the per-parameter files" in said
     assert "250 in `zero/optimizer_state.pt`, 1.00x rank 0's optimizer file" in said and "and 50 in the" in said
+
+
+@pytest.mark.fast
+def test_the_nodes_answer_sets_three_nodes_against_the_defaults_folders():
+    rows = [{"folder": f"node{k}", "ranks whose files it holds": str(k), "files its manifest lists": 6,
+             "of them on other nodes": 4} for k in range(3)]
+    said = worlds.nodes_answer(rows, default_nodes=2)
+    assert "This run simulated 3 nodes (the default is 2)" in said
+    assert "With the default 2 nodes: 2 folders, each manifest listing 4 files, 2 of them on other nodes" in said
+    assert "With the default" not in worlds.nodes_answer(rows[:2], default_nodes=2)
+    assert [worlds.sequences_per_rank(16, n) for n in (1, 2, 3)] == ["16", "8", "5 to 6"]
+
+
+@pytest.mark.fast
+def test_the_resumption_sentence_gives_the_conversions_seconds_and_bytes():
+    copy = {"source_world_size": 2, "conversion": {"seconds": 2.06, "bytes": 3 * 2**20, "source_bytes": 2 * 2**20}}
+    said = worlds.resumption_sentence(copy, 1, refused=True)
+    assert "holds on the 2 ranks that saved it only" in said and "refused it on 1 rank (section 3)" in said
+    assert "took 2.1 s and wrote a copy 1.50x the checkpoint's bytes (2.0 MiB became 3.0 MiB)" in said
+    assert "refused" not in worlds.resumption_sentence(copy, 3, refused=False)

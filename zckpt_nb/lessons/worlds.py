@@ -66,8 +66,8 @@ def nodes_answer(rows: list[dict[str, Any]], default_nodes: int) -> str:
     per_rank = rows[0]["files its manifest lists"] // len(rows)  # one rank per simulated node
     versus = ("" if len(rows) == default_nodes else
               f" With the default {default_nodes} nodes: {default_nodes} folders, each manifest listing "
-              f"{per_rank * default_nodes} files, {per_rank * (default_nodes - 1)} of them on other nodes; each "
-              f"node added {per_rank} files to every manifest.")
+              f"{per_rank * default_nodes} files, {per_rank * (default_nodes - 1)} of them on other nodes: each "
+              f"node adds its rank's {per_rank} files to every manifest.")
     return (f"This run simulated {len(rows)} nodes ({ran}), so {len(rows)} folders, one per node: " + "; ".join(
         f"{r['folder']} holds the files of rank(s) {r['ranks whose files it holds']}, and its manifest lists "
         f"{r['files its manifest lists']} files, {r['of them on other nodes']} of them on other nodes" for r in rows)
