@@ -8,6 +8,7 @@ from statistics import median
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from zckpt_nb.convert.inspect import CheckpointInfo
 from zckpt_nb.lessons.compare import MODES
@@ -33,6 +34,7 @@ def plot_losses(curves: dict[str, tuple[Sequence[int], Sequence[float]]], *, tit
     if ref is not None:
         ax.axhline(ref, color="grey", ls=":", label=f"ln(vocab) = {ref:.2f}")
     ax.set(title=title, xlabel="optimizer step (count)", ylabel=ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.legend()
     return add_caption(fig, caption)
 
@@ -56,8 +58,9 @@ def plot_partition_numel(infos: Sequence[CheckpointInfo], *, title: str, caption
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for info in infos:
         xs = [f"N={info.world_size}\nrank {s.rank}" for s in info.ranks]
-        ax.bar(xs, [s.partition_numel for s in info.ranks], label=f"N = {info.world_size}")
-        ax.hlines(info.num_params / info.world_size, xs[0], xs[-1], colors="black", linestyles=":")
+        bars = ax.bar(xs, [s.partition_numel for s in info.ranks], label=f"N = {info.world_size}")
+        left, right = bars[0].get_x(), bars[-1].get_x() + bars[-1].get_width()  # across the bars, one bar too
+        ax.hlines(info.num_params / info.world_size, left, right, colors="black", linestyles=":", lw=1.5, zorder=3)
     ax.set(title=title, xlabel="world size and rank", ylabel="parameter elements held (count)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     return add_caption(fig, caption)
