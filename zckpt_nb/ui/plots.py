@@ -95,7 +95,7 @@ def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Fig
            hatch="//", label="SHA-256 (beside the write)")
     ax.set_xticks(xs, [s["tag"] for s in saves])
     ax.set(title=title, xlabel="checkpoint tag", ylabel="time on rank 0 (ms)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: inside it covers a bar
     return add_caption(fig, caption)
 
 
@@ -308,6 +308,8 @@ def plot_rss_traces(records: Sequence[dict], baseline_bytes: float, model_bytes:
         rss = [(a + f - baseline_bytes) / 2**20 for a, f in zip(t["anon"], t["file"])]
         ax.plot(t["seconds"], rss, ls=style, color=color, label=f"{r['route']}, --max_shard_size {r['shard_size']}")
     ax.axhline(model_bytes / 2**20, color="grey", ls=":", label="the model in fp32 (P x 4 B)")
+    top = 1.1 * max([model_bytes / 2**20] + [max(line.get_ydata()) for line in ax.get_lines()])
+    ax.set_ylim(-0.1 * top, top)  # the start-up, below the baseline, would squash the peaks: cut it off
     ax.set(title=title, xlabel="seconds since the process started (s)",
            ylabel="RSS above the baseline (MiB)")
     ax.legend(fontsize=8)
