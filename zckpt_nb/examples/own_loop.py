@@ -82,6 +82,7 @@ def main() -> None:
         said = f"; {outcome.error}" if outcome.error else ""
         print(f"rank {rank}: save {outcome.tag}: committed {outcome.committed}{said}", flush=True)
     dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
