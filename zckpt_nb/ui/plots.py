@@ -204,11 +204,12 @@ def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: st
             for m, ls in zip(modes, ("-", "--")):
                 pts = [(r["N"], r[key]) for r in rows if r["model"] == model and r["mode"] == m]
                 ax.plot(*zip(*pts), ls=ls, color=f"C{i}", label=f"{model}, {m}" if key == "stall s" else model)
-            hits = [(r["world_size"], r[measured_key]) for r in measured
-                    if r["model"] == model and r["mode"] in modes and r["rank"] == 0]
-            if hits:
-                ax.scatter(*zip(*hits), marker="x", s=60, color="black", zorder=3,
-                           label=f"{model}, measured" if ax is axes[0] else None)
+            for m, marker in zip(modes, ("x", "+")):  # one marker per save mode, named in the legend
+                hits = [(r["world_size"], r[measured_key]) for r in measured
+                        if r["model"] == model and r["mode"] == m and r["rank"] == 0]
+                if hits:
+                    ax.scatter(*zip(*hits), marker=marker, s=60, color="black", zorder=3,
+                               label=f"{model}, {m}, measured")
         ax.set(title=name, xlabel="world size N (ranks)", ylabel=ylabel, xscale="log", yscale="log")
         ax.legend(fontsize=6, ncol=2 if key == "stall s" else 1)
     fig.suptitle(title)
