@@ -230,9 +230,11 @@ def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, toleranc
                                ("fitted s", "^", "this machine's constants, fitted on the other saves")):
         pts = [(r["measured s"], r[key]) for r in rows if r[key] is not None]
         ax.scatter(*zip(*pts), marker=marker, label=label)
-    for r in rows:
-        if r["fitted s"] is not None and abs(r["fitted error"]) > tolerance:
-            ax.annotate(f"{r['model']} {r['mode']} N={r['N']}", (r["measured s"], r["fitted s"]), fontsize=6)
+    misses = sorted((r for r in rows if r["fitted s"] is not None and abs(r["fitted error"]) > tolerance),
+                    key=lambda r: r["measured s"])
+    for j, r in enumerate(misses):  # neighbours' names alternate above and below their point, so they do not overlap
+        ax.annotate(f"{r['model']} {r['mode']} N={r['N']}", (r["measured s"], r["fitted s"]), fontsize=6,
+                    xytext=(3, 4 if j % 2 else -9), textcoords="offset points")
     ax.set(title=title, xlabel="measured seconds, rank 0 (s)", ylabel="predicted seconds (s)", xscale="log",
            yscale="log")
     ax.legend(fontsize=8)
