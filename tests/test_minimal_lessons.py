@@ -17,7 +17,7 @@ def test_step_losses_reads_rank_0s_lines_only():
     log = ["[rank 0] step 1 loss 6.5", "[rank 1] step 1 loss 9.0", "[launcher] step 2 loss 1.0",
            "[rank 0] step 2 loss 6.25", "[rank 0] rank 0: resumed at step 1"]
     assert minimal.step_losses(log) == {1: 6.5, 2: 6.25}
-    assert minimal.said(log, "resumed") == ["[rank 0] rank 0: resumed at step 1"]
+    assert minimal.said(log, "resumed") == ["[rank 0] resumed at step 1"]  # the rank named once
 
 
 def test_resume_sentence_says_exact_only_when_every_shared_loss_is_equal():
