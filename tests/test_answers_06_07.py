@@ -20,7 +20,7 @@ def test_the_world_size_answer_sets_the_run_against_the_default_and_the_default_
     two = predicted_for(predict("tiny", 2), "gathered16", 0)["predicted_comm_bytes"]
     assert said.startswith("This run measured N = 3 (the default is 2)")
     assert f"gathered16 4.0 KiB (the cost model: {two / 1024:,.1f} KiB at N = 2)" in said
-    assert "Most: gathered16" in said and "moved 40 B on rank 0 (2 barrier)." in said
+    assert "Most: gathered16" in said and "The partitioned save moved 40 B, 9.8e-03x of gathered16's" in said
     at_2 = [record("gathered16", 2, 0, 4096)]
     assert "at N = 3)" in save_modes.world_answer(at_2, default_n=2) and "(the default)" in save_modes.world_answer(
         at_2, default_n=2)
@@ -56,7 +56,7 @@ def test_the_resume_table_shows_a_conversion_only_where_the_job_made_it():
     row = {"resumed on N": 1, "loaded from": "a universal copy it was given", "conversion (s)": 3.9,
            "conversion peak RSS (MiB)": 257, "max |loss difference|": 2.38419e-07}
     assert worlds.resume_table([row]) == [{"resumed on N": 1, "loaded from": "a universal copy it was given",
-                                           "max |loss difference|": "2.4e-07"}]
+                                           "max |loss difference| (nats per token)": "2.4e-07"}]
     made = row | {"loaded from": "a universal copy it made"}
     assert "conversion (s)" in worlds.resume_table([row, made])[0]
 
@@ -69,7 +69,8 @@ def test_the_summary_of_06_has_one_row_per_finding_and_no_interval_without_a_dur
     memory = [{"snapshot MiB": 0.0}]
     table = save_modes.summary_rows(rows, records, stalls, [], memory, [])
     assert [r["section"] for r in table] == ["1", "1", "2", "2", "3", "4", "5"]
-    assert table[1]["this run"] == "1 within 25%, 0 above (misses), 0 below (sampled: lower bounds)"
+    assert table[1]["this run"] == ("1 within 25%, 0 above (misses), 0 below (sampled: lower bounds), 0 measured "
+                                    "where none was predicted")
     assert table[3]["this run"] == f"plain {stall.NEVER}"
     assert table[4]["this run"] == "not measured" and table[6]["this run"] == "no durable mode ran"
 
@@ -81,10 +82,13 @@ def test_a_sampled_peak_below_its_prediction_is_a_lower_bound_and_one_above_is_a
                 "measured_extra_peak_bytes": measured, "measured_memory_kind": "host heap"}
 
     below = save_modes.memory_agreement([rec(100, 100), rec(100, 50)])
-    assert "1 of 2 predicted extra peaks lie within 25%" in below and "nothing here refutes" in below
+    assert "1 of 2 predicted extra peaks lie within 25%" in below and "Nothing here refutes" in below
     assert "1 below it" in below and "lower bound" in below
     above = save_modes.memory_agreement([rec(100, 100), rec(100, 150)])
     assert "1 above it, which the model misses" in above and "below it" not in above
+    unseen = save_modes.memory_agreement([rec(100, 100), rec(0, 2**20) | {"mode": "hf", "rank": 0}])
+    assert "no extra memory for 1 more save that measured some" in unseen and "hf at N = 2, rank 0, 1.000 MiB" \
+        in unseen and "refutes" not in unseen
 
 
 @pytest.mark.fast
@@ -98,3 +102,23 @@ def test_the_universal_sentence_finds_rank_0s_optimizer_file_in_bf16_too():
     said = worlds.universal_sentence(copy, source, elements=10, folders=1, num_params=10)
     assert "exactly P" in said and "1.50x the source's" in said and "300 in the per-parameter files" in said
     assert "250 in `zero/optimizer_state.pt`, 1.00x rank 0's optimizer file" in said and "and 50 in the" in said
+
+
+@pytest.mark.fast
+def test_the_nodes_answer_sets_three_nodes_against_the_defaults_folders():
+    rows = [{"folder": f"node{k}", "ranks whose files it holds": str(k), "files its manifest lists": 6,
+             "of them on other nodes": 4} for k in range(3)]
+    said = worlds.nodes_answer(rows, default_nodes=2)
+    assert "This run simulated 3 nodes (the default is 2)" in said
+    assert "With the default 2 nodes: 2 folders, each manifest listing 4 files, 2 of them on other nodes" in said
+    assert "With the default" not in worlds.nodes_answer(rows[:2], default_nodes=2)
+    assert [worlds.sequences_per_rank(16, n) for n in (1, 2, 3)] == ["16", "8", "5 to 6"]
+
+
+@pytest.mark.fast
+def test_the_resumption_sentence_gives_the_conversions_seconds_and_bytes():
+    copy = {"source_world_size": 2, "conversion": {"seconds": 2.06, "bytes": 3 * 2**20, "source_bytes": 2 * 2**20}}
+    said = worlds.resumption_sentence(copy, 1, refused=True)
+    assert "holds on the 2 ranks that saved it only" in said and "refused it on 1 rank (section 3)" in said
+    assert "took 2.1 s and wrote a copy 1.50x the checkpoint's bytes (2.0 MiB became 3.0 MiB)" in said
+    assert "refused" not in worlds.resumption_sentence(copy, 3, refused=False)

@@ -50,8 +50,10 @@ def test_dtype_answer_names_the_other_dtypes_file():
     fp32 = partitions.dtype_answer(info(2), "fp32", "tiny", 0)
     assert "In bf16 it would write `bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt`" in fp32
     assert 'Set `DTYPE = "bf16"`' in fp32
-    bf16 = partitions.dtype_answer(info(2, "bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), "bf16", "tiny", 0)
+    bf16 = partitions.dtype_answer(info(2, "bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt"), "bf16", "tiny", 0,
+                                   "cuda")
     assert "In fp32 it would write `zero_pp_rank_1_mp_rank_00_optim_states.pt`" in bf16
+    assert "trained in fp32 on CPU ranks" in fp32 and "trained in bf16 on GPU ranks" in bf16  # the placement's
 
 
 def test_comm_verdict_names_the_tag_check_and_the_regather():
@@ -66,7 +68,11 @@ def test_comm_verdict_names_the_tag_check_and_the_regather():
 def test_shard_answer_compares_with_the_default_world_size():
     changed = minimal.shard_answer(info(3), default_nproc=2)
     assert "At N = 3" in changed and "At the default N = 2" in changed and f"{P / 2 * 12 / 2**20:.3f} MiB" in changed
-    assert "set `NPROC = 3`" in minimal.shard_answer(info(2), default_nproc=2)
+    default = minimal.shard_answer(info(2), default_nproc=2)
+    assert "set `NPROC = 3`" in default
+    shard = info(2).ranks[0]  # the tensor data and the whole files, each said once (every rank's are equal here)
+    data, files = shard.payload_bytes / 2**20, shard.bytes / 2**20
+    assert f"{data:.3f} MiB of tensor data ({files:.3f} MiB with headers)" in default
 
 
 def test_resume_verdict_holds_a_bf16_resume_to_its_stated_tolerance():

@@ -252,7 +252,7 @@ def test_calibration_on_the_shipped_measurements():
     fitted = sum(abs(r["fitted error"]) <= 0.25 for r in rows)
     alone = sum(abs(r["bandwidth-only error"]) <= 0.25 for r in rows)
     assert fitted >= 0.9 * len(rows) and fitted > 2 * alone
-    assert [c["constant"] for c in machine_constants(rows)][-1] == "latency of one ring step"
+    assert [c["constant"] for c in machine_constants(rows)][-1] == "time of one ring step"
     assert "single repeats lie within 25% of their median" in calibration_sentence(rows)
 
 

@@ -46,7 +46,7 @@ def test_resume_on_another_world_size_continues_the_same_optimisation(full_run, 
     done = run.data["resharded"]
     assert done["source_world_size"] == 2 and not done["reused"]
     assert done["conversion"]["seconds"] > 0 and done["conversion"]["peak_rss_bytes"] > 2**20
-    assert any(f"this run has {world}: converted it to a universal checkpoint" in line for line in run.log)
+    assert any(f"this run has {world}. Converted it to a universal checkpoint" in line for line in run.log)
     verify_universal(dst / UNIVERSAL / TAG)  # committed: every file's size and SHA-256
 
 
@@ -112,7 +112,7 @@ def test_reshard_inspect_and_verify_from_the_shell(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
     done = cli("reshard", dst)
     assert done.returncode == 0, done.stderr
-    assert f"{TAG} was saved by 2 rank(s)" in done.stdout and "every size and SHA-256 matches" in done.stdout
+    assert f"{TAG} was saved by 2 ranks." in done.stdout and "every size and SHA-256 matches" in done.stdout
     shown = cli("inspect", dst / UNIVERSAL, "--tag", TAG)
     assert shown.returncode == 0 and "transformer.wte.weight" in shown.stdout
     assert f"{json.loads((dst / TAG / MANIFEST).read_text())['identity']['num_params']:,} elements" \

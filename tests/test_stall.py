@@ -97,15 +97,32 @@ def test_the_steps_before_the_first_save_are_left_out_of_the_overlap_comparison(
     rank = {"step_starts": [0.0, 1.0, 2.2, 3.2], "saves": [{"started_at": 2.0, "stall_seconds": 0.1,
                                                            "durable_seconds": 0.5, "commit_wait_seconds": 0.0}]}
     assert [round(t, 3) for t, _ in stall.after_first_save(rank)] == [1.1, 1.0]
-    assert stall.step_rows({"async": {"ranks": [rank]}})[0]["steps x ranks"] == 2
+    row = stall.step_rows({"async": {"ranks": [rank]}})[0]
+    assert row["steps x ranks, a save being written"] == 2 and row["steps x ranks, no save being written"] == 0
 
 
-def test_overlap_sentence_says_slower_only_beyond_the_tolerance():
-    row = {"mode": "async", "median step s, no save being written": 1.0}
-    assert "slower by more than 10%" in stall.overlap_sentence([row | {"median step s, a save being written": 1.2}])
-    assert "no slowdown" in stall.overlap_sentence([row | {"median step s, a save being written": 1.05}])
-    assert "cannot tell" in stall.overlap_sentence([row | {"median step s, a save being written": 0.57}])
-    assert "not measured" in stall.overlap_sentence([row | {"median step s, a save being written": stall.NONE}])
+def test_overlap_sentence_says_slower_only_beyond_the_spread_of_steps_without_a_save():
+    def row(mode, idle, busy, spread):
+        return {"mode": mode, "steps x ranks, no save being written": 6, "median step s, no save being written": idle,
+                "slowest / fastest step, no save being written": spread, "steps x ranks, a save being written": 3,
+                "median step s, a save being written": busy}
+    plain = row("plain", 1.0, stall.NONE, 1.27)
+    tie = stall.overlap_sentence([plain, row("async", 1.0, 1.21, 1.5)])
+    assert "1.21x is within that noise" in tie and "spread 1.27x" in tie and "(3 steps x ranks)" in tie
+    assert "beyond that noise: slower" in stall.overlap_sentence([plain, row("async", 1.0, 1.4, 1.1)])
+    alone = stall.overlap_sentence([row("async", 1.0, 1.4, 1.5)])  # no plain run: the async run's own spread
+    assert "spread 1.50x from fastest to slowest in this run" in alone and "within that noise" in alone
+    assert "cannot tell" in stall.overlap_sentence([plain, row("async", 1.0, 0.57, 1.5)])
+    assert "not measured" in stall.overlap_sentence([row("async", 1.0, stall.NONE, 1.5)])
+
+
+def test_the_standard_error_counts_each_save_once_at_its_ranks_mean():
+    # two ranks of one save wait for each other: saves a, b, c with both ranks close, so 3 samples, not 6
+    records = [stall.save_record("commit", rank, save(t, 0, s + 0.001 * rank, s)) for t, s in
+               (("a", 0.03), ("b", 0.04), ("c", 0.05)) for rank in (0, 1)]
+    row = stall.summary(records)[0]
+    assert row["saves"] == 3 and row["mean stall s"] == 0.0405
+    assert row["standard error s"] == round(stall.standard_error([0.0305, 0.0405, 0.0505]), 4)
 
 
 def test_resetting_the_kernel_rss_peak_keeps_the_run_wide_peak():

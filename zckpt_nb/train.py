@@ -222,11 +222,12 @@ def main(argv: list[str] | None = None) -> None:
     except (CheckpointError, CollectiveTimeout, RunIncomplete, LayoutError) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
-    except RuntimeError as e:  # a collective outside a save timed out or lost a peer: one line, not a traceback
+    except RuntimeError as e:  # a collective outside the package's save timed out or lost a peer: one line
         if not is_peer_failure(e):
             raise
-        print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective timed out or lost a rank "
-              f"while training ({str(e).strip().splitlines()[0][:160]}); is some rank stuck or saving alone?",
+        print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective outside the package's save "
+              "(in a training step, or in DeepSpeed's own save_checkpoint and its barrier) timed out or lost a rank "
+              f"({str(e).strip().splitlines()[0][:160]}); is some rank stuck, dead or saving alone?",
               file=sys.stderr, flush=True)
         sys.exit(1)
 

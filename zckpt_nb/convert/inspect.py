@@ -95,7 +95,7 @@ def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> Checkpoi
     tag = tag or latest_name(ckpt_dir)
     if tag is None or not (ckpt_dir / tag).is_dir():
         raise FileNotFoundError(f"no checkpoint {tag or '(latest)'} in {ckpt_dir}")
-    status = "not committed: no manifest, so its files are unverified (python -m zckpt_nb adopt commits it)"
+    status = "not committed: it has no manifest, so its files are unverified; `python -m zckpt_nb adopt` commits it"
     if (ckpt_dir / tag / MANIFEST).is_file():
         adopted = verify_tag(ckpt_dir, tag).get("adopted")
         status = f"adopted (written by DeepSpeed {adopted['deepspeed_version']})" if adopted else \

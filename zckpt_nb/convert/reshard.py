@@ -133,17 +133,21 @@ def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | 
 
 
 def describe_conversion(manifest: dict[str, Any], reused: bool, world: int | None) -> str:
-    """One line: what was converted (or reused), what it cost, where it loads (on `world` ranks, or any)."""
+    """A few plain sentences: what was converted (or reused), what it cost, where it loads (on `world` ranks, or
+    any)."""
     c, n = manifest["conversion"], manifest["source_world_size"]
-    peak = c["peak_rss_bytes"] / 2**20
-    what = "reusing its universal copy" if reused else \
-        f"converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS {peak:.0f} MiB)"
+    saved = f"{manifest['tag']} was saved by {n} rank{'s' if n != 1 else ''}" + (f" and this run has {world}."
+                                                                                if world else ".")
+    sizes = (f"{c['source_bytes'] / 2**20:.1f} MiB of rank files became {c['bytes'] / 2**20:.1f} MiB in "
+             f"{len(manifest['files'])} files under {UNIVERSAL}/{manifest['tag']}")
+    what = f"Reused its universal copy ({sizes})." if reused else (
+        f"Converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS "
+        f"{c['peak_rss_bytes'] / 2**20:.0f} MiB): {sizes}.")
     own = bool((manifest.get("identity") or {}).get("model"))  # this package's preset; else an adopted model
-    where = f"this run has {world}" if world else "resume it on any number of ranks with train --resume --nproc M" \
-        if own else "it loads on any number of ranks with DeepSpeed's \"checkpoint\": {\"load_universal\": true}"
-    return (f"{manifest['tag']} was saved by {n} rank(s), {where}: {what}, "
-            f"{c['source_bytes'] / 2**20:.1f} MiB -> {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files "
-            f"under {UNIVERSAL}/{manifest['tag']}" + ("; loading it with DeepSpeed's load_universal" if world else ""))
+    where = "Loading it with DeepSpeed's load_universal." if world else \
+        "Resume it on any number of ranks with train --resume --nproc M." if own else \
+        "It loads on any number of ranks with DeepSpeed's \"checkpoint\": {\"load_universal\": true}."
+    return f"{saved} {what} {where}"
 
 
 def bytes_by_kind(manifest: dict[str, Any]) -> dict[str, int]:

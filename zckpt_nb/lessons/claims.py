@@ -56,8 +56,9 @@ def whole_model_sentence(rows: list[dict[str, Any]]) -> str:
                 f"P = {top['P']:,} elements ({top['held per rank'] / top['P']:.1%}, N = {top['N']}).")
     why = [f"N = {r['N']}, threshold {r['threshold']:,}: " +
            ("the only rank owns every slice" if r["N"] == 1 else
-            f"{r['persistent per rank']:,} elements of persistent tensors kept whole") for r in whole]
-    return "A rank held at least all P elements in " + "; ".join(why) + "."
+            f"each rank held {r['held per rank']:,} > P, its {r['held per rank'] - r['persistent per rank']:,} "
+            f"slice plus {r['persistent per rank']:,} elements of persistent tensors kept whole") for r in whole]
+    return f"A rank held at least all P = {whole[0]['P']:,} elements in " + "; ".join(why) + "."
 
 
 def save_comm_sentence(rows: list[dict[str, Any]]) -> str:

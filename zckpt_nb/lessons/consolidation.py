@@ -271,18 +271,18 @@ def comms_rows(output_dir: str | Path, costs: list[dict[str, Any]]) -> list[dict
         if logged["bytes"] == 0:  # log_summary's own barrier: not part of a save
             continue
         ours = [c["comm_ops"].get(op, {}) for c in mine]
-        rows.append({"collective": op, "calls, DeepSpeed's table": f"{logged['count']:,}",
-                     "calls, per-save records": f"{sum(o.get('count', 0) for o in ours):,}",
-                     "MiB, DeepSpeed's table": f"{logged['bytes'] / 2**20:.2f}",
-                     "MiB, per-save records": f"{sum(o.get('bytes', 0) for o in ours) / 2**20:.2f}"})
+        rows.append({"collective": op, "calls on rank 0, DeepSpeed's table": f"{logged['count']:,}",
+                     "calls on rank 0, per-save records": f"{sum(o.get('count', 0) for o in ours):,}",
+                     "MiB on rank 0, DeepSpeed's table": f"{logged['bytes'] / 2**20:.2f}",
+                     "MiB on rank 0, per-save records": f"{sum(o.get('bytes', 0) for o in ours) / 2**20:.2f}"})
     return rows
 
 
 def comms_sentence(rows: list[dict[str, Any]], output_dir: str | Path) -> str:
     """Whether DeepSpeed's table and the per-save records agree (calls equal, bytes within DeepSpeed's rounding)."""
-    agree = all(r["calls, DeepSpeed's table"] == r["calls, per-save records"] and abs(
-        float(r["MiB, DeepSpeed's table"]) - float(r["MiB, per-save records"])) <= 0.05 * max(
-        float(r["MiB, per-save records"]), 0.01) for r in rows)
+    agree = all(r["calls on rank 0, DeepSpeed's table"] == r["calls on rank 0, per-save records"] and abs(
+        float(r["MiB on rank 0, DeepSpeed's table"]) - float(r["MiB on rank 0, per-save records"])) <= 0.05 * max(
+        float(r["MiB on rank 0, per-save records"]), 0.01) for r in rows)
     return (f"DeepSpeed's own summary (`deepspeed.comm.log_summary()`, printed by rank 0 after routes 1 and 2, in full "
             f"in `{Path(output_dir) / 'launch.log'}`) and the per-save records "
             + ("agree: the same calls, and bytes within DeepSpeed's rounding of each message size to one decimal."
@@ -390,14 +390,16 @@ def world_size_answer(summary: list[dict[str, Any]], world_size: int, num_params
 
     by, other = {r["route"]: r for r in summary}, 3 if world_size == 2 else 2
     mine = by["partitioned"]["written MiB, rank 0"]
-    theirs = predict(model, other, dtype, threshold).partitioned["per_rank_file_bytes"] / 2**20
+    pred = predict(model, other, dtype, threshold)
+    theirs = pred.partitioned["per_rank_file_bytes"] / 2**20
     told = "the default" if other == 2 else "the one to try"
     return (f"With N = {world_size}, rank 0 wrote {mine:.2f} MiB in the partitioned save: its 1/N share of the fp32 "
             f"masters and Adam's moments. For N = {other} ({told}) the cost model predicts {theirs:.2f} MiB per rank: "
             f"this run's share is {mine / theirs:.2f} x that ({other}/{world_size} = {other / world_size:.2f}). "
             f"Route 2 did not shrink: rank 0 wrote {by['per_param']['written MiB, rank 0']:.2f} MiB (the whole model, "
             f"{mib(num_params * param_bytes)} of working weights) and all-gathered "
-            f"{by['per_param']['all-gathered / model']:.2f} x the model, whatever N.")
+            f"{by['per_param']['all-gathered / model']:.2f} x the model; for N = {other} the cost model predicts the "
+            f"same whole file, {pred.per_param['written_bytes'] / 2**20:.2f} MiB on rank 0, whatever N.")
 
 
 def partitioned_comm_sentence(costs: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
@@ -415,7 +417,8 @@ def partitioned_comm_sentence(costs: list[dict[str, Any]], summary: list[dict[st
     return (f"**Partitioned save, \"None (each rank saves locally)\"**: imprecise. Each rank wrote only its own "
             f"share, and {'no weight moved (all-gathered 0.00 x the model)' if not regather else 'its slices stayed'}, "
             f"but the save is not free of communication: inside DeepSpeed's `save_checkpoint` rank 0 ran "
-            f"{count['barrier']} barrier(s) and {count['all_reduce']} all-reduce(s), {r0['comm_bytes']:,} B logged "
+            f"{count['barrier']} barrier{'s' * (count['barrier'] != 1)} and {count['all_reduce']} "
+            f"all-reduce{'s' * (count['all_reduce'] != 1)}, {r0['comm_bytes']:,} B logged "
             "(the all-reduces are `_checkpoint_tag_validation`: every rank must save under the same tag)"
             f"{regather}{protocol}. Every rank waits at these for the slowest, so a partitioned save is a "
             "synchronisation point, and a rank that skips it hangs the others (notebook 05).")
@@ -463,24 +466,29 @@ def logits_check(model_dir: str | Path, reference: str | Path, dtype: str) -> di
             "logits": out, "reference": ref["logits"]}
 
 
+def logits_agreement(check: dict[str, Any]) -> str:
+    """How the reloaded logits compare with the engine's: "equal bit for bit to" or "within X of"."""
+    return "equal bit for bit to" if check["max_abs_diff"] == 0 else f"within {check['max_abs_diff']:.1e} of"
+
+
 def logits_sentence(check: dict[str, Any]) -> str:
     """The logits check in one sentence, with the tolerance the dtype can meet and why."""
-    why = ("fp32 on both sides: only the order of additions differs" if check["dtype"] == "fp32" else
+    why = ("fp32 on both sides: at most the order of additions differs" if check["dtype"] == "fp32" else
            "bf16 keeps 8 significant bits, so two forward passes that round in different places differ by a few "
            "units of the last bit of the largest logit")
-    return (f"The reloaded model, in {check['dtype']} like the engine, gives logits within "
-            f"{check['max_abs_diff']:.1e} of the engine's on the same batch, "
-            f"{'inside' if check['within'] else 'OUTSIDE'} the tolerance of {check['tolerance']:.1e} ({why}).")
+    return (f"The reloaded model, in {check['dtype']} like the engine, gives logits {logits_agreement(check)} the "
+            f"engine's on the same batch, {'inside' if check['within'] else 'OUTSIDE'} the tolerance of "
+            f"{check['tolerance']:.1e} ({why}).")
 
 
 def export_memory_sentence(heap_extra: int | None, rows: list[dict[str, Any]], model_bytes: int) -> str:
-    """The claim 'the export needs a few MiB whatever the model' against the heap and RSS this run measured."""
-    export = [r for r in rows if r["route"] == "export"]
-    rss = max(r["above baseline MiB"] for r in export)
+    """The export's heap against its resident memory (the row with the highest peak, as `memory_verdict` gives it)."""
+    export = max((r for r in rows if r["route"] == "export"), key=lambda r: r["(peak - baseline) / model"])
+    rss, ratio = export["above baseline MiB"], export["(peak - baseline) / model"]
     heap = (heap_extra or 0) / 2**20
     model = model_bytes / 2**20
     return (f"The export's heap rose {heap:.1f} MiB ({heap / model:.2f} x the {model:.1f} MiB model): it builds "
             f"{'no tensor' if heap < 0.25 * model else 'tensors'} in memory. Its resident memory rose {rss} MiB above "
-            f"the baseline ({rss / model:.2f} x the model): the pages of the rank files it maps count while it "
-            "reads them, so 'a few MiB whatever the model' holds for the allocations"
-            + (" and not for what the operating system sees." if rss > 0.25 * model else " and here for RSS too."))
+            f"the baseline ({ratio} x the model): the pages of the rank files it maps count while it reads them, so "
+            + ("what the operating system sees grows with what it reads, not with what it allocates."
+               if ratio > 0.25 else "its resident memory stayed small too."))

@@ -97,14 +97,20 @@ def frozen_sentence(rows: list[dict[str, Any]], counts: dict[str, int]) -> str:
             f"({excluded['total (MiB)'] / full['total (MiB)']:.0%} of it), the frozen weights left out.")
 
 
-LOADS = ("frozen", "frozen_excluded", "full resume", "load_optimizer_states=False", "load_module_only=True")
+WARM_START = "load_optimizer_states=False"  # the job's name for the load that also sets load_lr_scheduler_states=False
+LOADS = ("frozen", "frozen_excluded", "full resume", WARM_START, "load_module_only=True")
 PARTS = ("trainable weights", "frozen weights", "Adam's state", "LR schedule")
+
+
+def load_label(name: str, sep: str = ", ") -> str:
+    """A load's row label: the warm start names both switches it turns off (the LR's colour comes from the second)."""
+    return sep.join((WARM_START, "load_lr_scheduler_states=False")) if name == WARM_START else name
 
 
 def restored(loads: dict[str, Any]) -> dict[str, dict[str, bool | None]]:
     """Per load, whether each part of the training state came back as saved (None: the model froze nothing)."""
     saved = loads["saved"]
-    return {name: dict(zip(PARTS, (loads[name]["trainable_max_diff"] == 0,
+    return {load_label(name, ",\n"): dict(zip(PARTS, (loads[name]["trainable_max_diff"] == 0,
                                    loads[name]["frozen_max_diff"] == 0 if name.startswith("frozen") else None,
                                    loads[name]["adam_step"] == saved["adam_step"], loads[name]["lr"] == saved["lr"])))
             for name in LOADS}
@@ -112,7 +118,7 @@ def restored(loads: dict[str, Any]) -> dict[str, dict[str, bool | None]]:
 
 def optimizer_rows(loads: dict[str, Any]) -> list[dict[str, Any]]:
     """What each load set the optimizer and the scheduler to, against the run that saved."""
-    return [{"load": "(the run that saved, fp32)" if name == "saved" else name,
+    return [{"load": "(the run that saved, fp32)" if name == "saved" else load_label(name),
              "engine.global_steps": loads[name]["global_steps"], "LR": f"{loads[name]['lr']:.4f}",
              "Adam's step": loads[name]["adam_step"], "sum of abs(exp_avg)": f"{loads[name]['exp_avg_abs_sum']:.3f}"}
             for name in ("saved", *LOADS)]
@@ -139,7 +145,7 @@ def excluded_sentence(loads: dict[str, Any]) -> str:
 
 def fine_tune_sentence(loads: dict[str, Any]) -> str:
     """What the two fine-tuning loads restore, against a full resume."""
-    no_opt, module_only, full = (loads[k] for k in ("load_optimizer_states=False", "load_module_only=True",
+    no_opt, module_only, full = (loads[k] for k in (WARM_START, "load_module_only=True",
                                                     "full resume"))
     return (f"A full resume restores the weights, Adam's step ({full['adam_step']}) and moments and the LR "
             f"({full['lr']:.3g}). With `load_optimizer_states=False, load_lr_scheduler_states=False` the weights "
@@ -186,13 +192,20 @@ def nproc_answer(root: str | Path, num_params: int, nproc: int, model: str, defa
     per = {name: (f[KINDS[0]] + f[KINDS[1]]) / num_params for name, f in found.items()}
     here, base = predict(model, nproc), predict(model, default)
     gap = total["bf16"] - total["fp32"]
+    mib = {name: f"{t / 2**20:.3f}" for name, t in total.items()}
     same = ("exactly the size of" if not gap else f"{abs(gap):,} bytes {'larger' if gap > 0 else 'smaller'} than"
             if abs(gap) <= 0.01 * total["fp32"] else size_words(total["bf16"], total["fp32"]))
-    text = (f"At N = {nproc} the bf16 checkpoint ({total['bf16'] / 2**20:.3f} MiB) is {same} the fp32 one "
-            f"({total['fp32'] / 2**20:.3f} MiB); "
-            f"their weights and moments hold {per['bf16']:.4f} and {per['fp32']:.4f} bytes per parameter, where 12 "
-            f"bytes for each of the P parameters and each of the {here.padding_numel:,} padding elements (the cost "
-            f"model's at N = {nproc}) give {12 * (num_params + here.padding_numel) / num_params:.4f}.")
+    to_mib = ", the same size to 0.001 MiB" if gap and mib["bf16"] == mib["fp32"] else ""
+    held = (f"Both hold {per['fp32']:.4f} bytes of weights and moments per parameter"
+            if f"{per['bf16']:.4f}" == f"{per['fp32']:.4f}" else
+            f"The bf16 one holds {per['bf16']:.4f} bytes of weights and moments per parameter, the fp32 one "
+            f"{per['fp32']:.4f}")
+    expected = (f"with no padding at N = {nproc} (the cost model's count), that is 12 bytes per parameter, a master "
+                "weight and two moments of 4 bytes each" if not here.padding_numel else
+                f"12 bytes for each of the P parameters and each of the {here.padding_numel:,} padding elements "
+                f"(the cost model's at N = {nproc}) give {12 * (num_params + here.padding_numel) / num_params:.4f}")
+    text = (f"At N = {nproc} the bf16 checkpoint ({mib['bf16']} MiB) is {same} the fp32 one ({mib['fp32']} MiB)"
+            f"{to_mib}. {held}: {expected}.")
     if nproc == default:
         return f"{text} That is the default `NPROC`: set `NPROC = 3` and run again to see padding."
     dtype = "changed nothing" if f"{per['bf16']:.4f}" == f"{per['fp32']:.4f}" else "changed them too"
@@ -205,17 +218,15 @@ def nproc_answer(root: str | Path, num_params: int, nproc: int, model: str, defa
 
 def summary_lines(rows: list[dict[str, Any]], loads: dict[str, Any]) -> list[str]:
     """The lesson in three short lines, each pointing back to the section that measured it."""
-    fp32, bf16, full, excluded = rows
+    fp32, bf16 = rows[:2]
     strict = "fails" if loads["frozen_excluded"]["strict_load_error"] else "works"
     module_only = loads["load_module_only=True"]["trainable_max_diff"] == 0
-    warm = loads["load_optimizer_states=False"]["trainable_max_diff"] == 0
+    warm = loads[WARM_START]["trainable_max_diff"] == 0
     return [
-        ("A bf16 checkpoint is the optimizer's fp32 state under another file name" if same_size(bf16, fp32) else
-         "The bf16 checkpoint's size differs from the fp32 one's")
-        + f": {bf16['total (MiB)']:.3f} MiB against {fp32['total (MiB)']:.3f} MiB in fp32 (section 1).",
-        f"Frozen weights go into every save unless excluded; `exclude_frozen_parameters=True` wrote "
-        f"{excluded['total (MiB)'] / full['total (MiB)']:.0%} of that, and a strict load of what it wrote {strict} "
-        "(section 2).",
+        ("A bf16 checkpoint is the optimizer's fp32 state under another file name, about as large as the fp32 one"
+         if same_size(bf16, fp32) else "The bf16 checkpoint's size differs from the fp32 one's") + " (section 1).",
+        "Frozen weights go into every save unless `exclude_frozen_parameters=True` leaves them out, and a strict load "
+        f"of what it wrote {strict} (section 2).",
         "To warm-start, `load_optimizer_states=False, load_lr_scheduler_states=False` "
         + ("restored the weights exactly" if warm else "did not restore the weights")
         + "; `load_module_only=True` " + ("did too" if module_only else "did not, under ZeRO-3") + " (section 3).",

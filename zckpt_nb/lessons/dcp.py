@@ -147,11 +147,14 @@ def principle_sentence(costs: dict[str, Any], num_params: int) -> str:
     c, mib = costs["manifest"]["conversion"], 2**20
     stage1 = (f" Stage 1 (ds_to_universal) peaked at {c['universal']['peak_rss_bytes'] / mib:.0f} MiB in its own "
               "process." if via_universal(costs) and not c["universal"]["reused"] else "")
+    ranks = f"the {costs['manifest']['source_world_size']} ranks' files"
+    source = f"the universal copy made from {ranks}" if via_universal(costs) else f"{ranks} directly"
+    shown = ("the peak above" if c["peak_rss_bytes"] - c["baseline_rss_bytes"] <= costs["bound_bytes"]
+             else "docs/dcp.md measures the bound on `large`; this tiny run cannot show it")
     return (f"The principle says a cross-framework export needs the full P on rank 0 and an all-gather followed by a "
             f"format conversion. That is imprecise: no all-gather runs. to-dcp is one process with no process group, "
-            f"reading the {costs['manifest']['source_world_size']} ranks' files after training one parameter at a "
-            "time, so what it holds is bounded by the largest parameter's state plus fixed costs, not by P (the "
-            f"peak above).{stage1} The whole command "
+            f"reading {source} after training, one parameter at a time, so what it holds is bounded by the largest "
+            f"parameter's state plus fixed costs, not by P ({shown}).{stage1} The whole command "
             f"took {time_compared(costs)}, and kept the moments that zero_to_fp32.py drops.")
 
 
@@ -210,8 +213,10 @@ def fsdp_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAUL
     return (f"No second conversion: FSDP2 on {n} rank(s) loaded the very {files} files to-dcp wrote once, by one "
             f"process with whole tensors; `dcp.load` cut each tensor into {n} shard(s), so each rank held "
             f"{share} of the {base.num_params:,} parameters with their moments ({than}). The leg's largest loss "
-            f"gap was {gap:.1e}, {'within' if gap <= bound else 'NOT within'} {told}: the number of ranks changes "
-            "only the order of float additions.")
+            f"gap was {gap:.1e}, {'within' if gap <= bound else 'NOT within'} {told}"
+            + (f", the gap of section 5. These are the defaults: set FSDP_NPROC = {1 if default > 1 else 2} to "
+               "compare." if n == default else f"; compare it with section 5's on the default {default} ranks: "
+               "the number of ranks changes only the order of float additions."))
 
 
 def switch_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAULT_SWITCH_STEP) -> str:
@@ -223,4 +228,5 @@ def switch_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFA
              if step != default and default < len(lrs) else "")
     return (f"The DCP checkpoint holds step {step}, so Adam's bias correction continues from it. FSDP2's first step "
             f"was step {fsdp.steps[0]}, trained with learning rate {lr:.3e}, {same} the uninterrupted run's at that "
-            f"step.{other}")
+            f"step.{other}" + (f" These are the defaults: set SWITCH_STEP = {max(1, default - 2)} to compare."
+                               if step == default else ""))

@@ -53,7 +53,7 @@ def hang_answer(seconds: float, clock: LineClock, collective_timeout: float, com
                 "cannot hang (and hides the bug until the job runs on two ranks).")
     before, waited = clock.marks["save"], clock.marks["error"] - clock.marks["save"]
     other = 15.0 if collective_timeout == default else default
-    return (f"The ranks reached the save after {before:.1f} s of start-up and training; the first error line came "
+    return (f"Rank 0 reached the save after {before:.1f} s of start-up and training; the first error line came "
             f"{waited:.1f} s later (collective timeout {collective_timeout:g} s); torchrun had stopped every rank "
             f"{seconds - clock.marks['error']:.1f} s after that: {seconds:.1f} s in all, checkpoints committed: "
             f"{', '.join(committed) or 'none'}. The wait is the timeout, the rest does not depend on it: with "
@@ -146,10 +146,12 @@ def crash_answer(crash_dir: str | Path, report: str, resumed: RunResult, nproc: 
     the default world size."""
     said = "\n".join(report.splitlines()[1:-1])
     other = 3 if nproc == default else default
-    return (f"With N = {nproc}, rank {nproc - 1} was killed and {nproc - 1} other rank(s) spoke; each rank's own line "
+    others = f"the {nproc - 1} other rank{'s' * (nproc != 2)}"
+    survivors = f"{max(other - 1, 0)} surviving rank{'s' * (other != 2)}"
+    return (f"With N = {nproc}, rank {nproc - 1} was killed and {others} spoke; each rank's own line "
             f"({Path(crash_dir) / 'launch.log'} holds everything):\n\n```\n{said}\n```\n\n"
             f"The resume started from step {resumed.data['resumed_from_step']}, the newest checkpoint with a manifest. "
-            f"With N = {other} the same would hold: {max(other - 1, 0)} surviving rank(s) would each print the same "
+            f"With N = {other} the same would hold: {survivors} would each print the same "
             "kind of line, and the kill hits the same save, so the resume starts from the same step whatever N.")
 
 

@@ -90,7 +90,9 @@ def resume_answer(full_log: list[str], resumed_log: list[str], ckpt_dir: str | P
                 "warmup_min_lr") else "") + ", "
             + ("and every step's LR was the uninterrupted run's" if same_lr else
                "but not every step's LR was the uninterrupted run's")
-            + f", and it printed {resume_verdict(full, resumed, dtype)}.")
+            + ("; so were its losses (section 5 compares them)." if all(full.get(k) == v for k, v in resumed.items())
+               else f"; its losses were not all the uninterrupted run's (section 5 holds a {dtype} resume to its "
+               "tolerance)."))
     if step == default_step or default_step + 1 not in lrs:
         return text + (" That is the default `RESUME_STEP`: set it to 1 and run again to resume inside the warm-up."
                        if step == default_step else "")
@@ -110,20 +112,26 @@ def shard_sentence(info: CheckpointInfo, dtype: str) -> str:
             f"({'an' if dtype == 'fp32' else 'a'} {dtype} run: fp32 weights and Adam's two fp32 moments, 4 + 4 + 4).")
 
 
+def _per_rank_mib(values: list[int]) -> str:
+    """The ranks' byte counts in MiB: one figure when all round the same, else the smallest to the largest."""
+    low, high = f"{min(values) / 2**20:.3f}", f"{max(values) / 2**20:.3f}"
+    return f"{low} MiB" if low == high else f"{low} to {high} MiB"
+
+
 def shard_answer(info: CheckpointInfo, default_nproc: int = 2) -> str:
     """Exercise 1: each rank's shard at this N, predicted from P/N x 12 bytes and read from the files, against the
     default N's (`default_nproc`) prediction."""
     def mib(n: int) -> float:
         return info.num_params / n * 12 / 2**20
 
-    held = ", ".join(f"{s.payload_bytes / 2**20:.3f}" for s in info.ranks)
+    held, files = (_per_rank_mib([getattr(s, key) for s in info.ranks]) for key in ("payload_bytes", "bytes"))
     n = info.world_size
     why = ("" if all(f"{s.payload_bytes / 2**20:.3f}" == f"{mib(n):.3f}" for s in info.ranks)
            else " (padding to a multiple of N is the difference)" if info.num_params % n
            else " (other tensors in the files are the difference)")
     text = (f"At N = {n}, P/N = {info.num_params:,}/{n} = {info.num_params / n:,.0f} parameters per rank, times "
             f"12 bytes (fp32 weights and Adam's two moments), predicts {mib(n):.3f} MiB of tensors per rank; the "
-            f"files hold {held} MiB, rank 0 first{why}.")
+            f"files hold {held} of tensor data ({files} with headers){why}.")
     if n == default_nproc:
         return f"{text} That is the default `NPROC`: set `NPROC = 3` and run again to see each shard shrink."
     return (f"{text} At the default N = {default_nproc} the same rule gives {mib(default_nproc):.3f} MiB: "
@@ -163,7 +171,17 @@ def package_rows(minimal: tuple[Path, str], package: tuple[Path, str]) -> list[d
     rows = []
     for name, (folder, tag) in {"minimal worker": minimal, "zckpt_nb worker": package}.items():
         files = tag_files(folder, tag)
-        rows.append({"worker": name, "files in the tag folder": len(files),
-                     "other files": ", ".join(f for f in files if not RANK_FILE.search(f)) or "-",
+        rows.append({"worker": name, f"files in {tag}/ (every rank's)": len(files),
+                     "of them, not a rank's shard file": ", ".join(f for f in files if not RANK_FILE.search(f)) or "-",
                      "client_state keys": ", ".join(client_keys(folder, tag))})
     return rows
+
+
+def rank_bytes_sentence(ranks: list[dict[str, Any]]) -> str:
+    """Why rank 0 wrote more than the other ranks: the run's own files beside its shard, read from `run.json`."""
+    run_files = [f for f in ranks[0]["files"] if not RANK_FILE.search(f["path"])]
+    if not run_files:
+        return "Every rank wrote only its own shard files."
+    extra = sum(f["bytes"] for f in run_files)
+    return (f"Rank 0's bytes written include {extra / 2**20:.3f} MiB beside its shard, the files of the whole run: "
+            f"{', '.join(f['path'] for f in run_files)}; every other rank wrote only its shard files.")

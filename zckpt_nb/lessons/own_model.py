@@ -4,6 +4,7 @@ adopt, inspect, export, generate and reshard."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ def run_example(module: str, out: str | Path, *args: str, nproc: int = 2, timeou
 
 
 def rank_lines(log: list[str], word: str) -> list[str]:
-    """The lines of `log` the ranks printed that contain `word`."""
-    return [line for line in log if line.startswith("[rank") and word in line]
+    """The lines of `log` the ranks printed that contain `word`, a rank's own "rank N: " after torchrun's "[rank N]"
+    dropped so the rank is named once."""
+    return [re.sub(r"^(\[rank ?(\d+)\]:?) rank \2: ", r"\1 ", line)
+            for line in log if line.startswith("[rank") and word in line]
 
 
 def folder_rows(folder: str | Path) -> list[dict[str, Any]]:

@@ -46,6 +46,11 @@ def prediction_sentence(infos: list[CheckpointInfo], model: str, threshold: int,
     return f"{slices}; its shard bytes were at most {worst:.2%} off the files."
 
 
+def count(n: int, noun: str) -> str:
+    """`n` things in words: "no file", "1 file", "2 files"."""
+    return f"no {noun}" if not n else f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def principle_rows(infos: list[CheckpointInfo], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The principle's partitioned-save row and its file list, each against what the runs measured (3 columns)."""
     runs = sorted(rows, key=lambda r: (r["threshold"], r["N"]))
@@ -60,12 +65,14 @@ def principle_rows(infos: list[CheckpointInfo], rows: list[dict[str, Any]]) -> l
     return [
         {"the principle says": "memory required by a partitioned save: P/N per rank", "measured": held,
          "so": "true up to padding (a few elements per tensor)" if not above else
-         f"wrong for {len(above)} run(s): persistent tensors are held whole beyond the slice"},
+         "wrong where tensors persist (" + "; ".join(f"N = {r['N']}, threshold {r['threshold']:,}" for r in above)
+         + "): each rank holds them whole beyond its slice"},
         {"the principle says": "communication of a partitioned save: none", "measured": comm,
          "so": comm_verdict(runs)},
         {"the principle says": "mp_rank_00_model_states.pt, one per rank",
-         "measured": f"{model['in the tree under that name']} under that name, "
-                     f"{model['other files ending with that name']} like {model['e.g.']} (N = {n})",
+         "measured": f"{count(model['in the tree under that name'], 'file')} with that exact name; "
+                     f"{count(model['other files ending with that name'], 'file')} with the rank in front of it, "
+                     f"e.g. {model['e.g.']} (N = {n})",
          "so": "imprecise: under ZeRO-3 each rank's file name carries its rank"},
         {"the principle says": "zero_pp_rank_0_mp_rank_00_optim_states.pt (optimizer state, partitioned)",
          "measured": f"{sum('optim' in f for s in infos[-1].ranks for f in s.files)} optimizer-states files for "
@@ -140,9 +147,10 @@ def threshold_answer(rows: list[dict[str, Any]], measured: list[dict[str, Any]],
     return " ".join(out)
 
 
-def dtype_answer(info: CheckpointInfo, dtype: str, model: str, threshold: int) -> str:
-    """Exercise 3: the files' names and bytes per owned element in this run's dtype, against the other dtype (its
-    names from DeepSpeed's rule, its bytes from the cost model, which the files match in section 5)."""
+def dtype_answer(info: CheckpointInfo, dtype: str, model: str, threshold: int, device: str = "cpu") -> str:
+    """Exercise 3: the files' names and bytes per owned element in this run's dtype on its ranks' `device`, against
+    the other dtype (its names from DeepSpeed's rule, its bytes from the cost model, which the files match in
+    section 5)."""
     s, other = info.ranks[-1], "fp32" if dtype == "bf16" else "bf16"
     optim = next(name for name in s.files if "optim" in name)
     others = optim[len("bf16_"):] if optim.startswith("bf16_") else f"bf16_{optim}"
@@ -150,7 +158,9 @@ def dtype_answer(info: CheckpointInfo, dtype: str, model: str, threshold: int) -
     pred = predict(model, info.world_size, dtype=other, persistence_threshold=threshold)
     model_file = next(b for name, b in s.files.items() if "model_states" in name)
     per_other = (pred.partitioned["per_rank_file_bytes"] - model_file) / pred.slice_numel
-    ran = f"This run trained in {dtype}" + ("" if dtype == "bf16" else ", the default on CPU ranks")
+    ranks = "CPU" if device == "cpu" else "GPU"
+    ran = (f"This run trained in {dtype} on {ranks} ranks (`DTYPE = \"auto\"` gives fp32 on CPU ranks, bf16 on GPU "
+           "ranks)")
     return (f"{ran}: rank {s.rank} of N = {info.world_size} wrote {', '.join(sorted(s.files))}; its "
             f"optimizer-states file holds {per:.2f} bytes per element of its slice. In {other} it would write "
             f"`{others}` instead, with about {per_other:.2f} bytes per element (the cost model): the fp32 master "

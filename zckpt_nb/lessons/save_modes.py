@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zckpt_nb.lessons.stall import NEVER
+from zckpt_nb.lessons.stall import NEVER, overlap_verdict, tied_modes
 from zckpt_nb.plan.costs import predict, predicted_for
 
 KIB = 1024
@@ -28,25 +28,24 @@ def ops_named(record: dict[str, Any]) -> str:
 
 def principle_sentence(records: list[dict[str, Any]]) -> str:
     """The principle's table ('partitioned save: no communication; consolidated: an all-gather') against the
-    collectives DeepSpeed logged on rank 0 at the largest world size measured."""
+    collectives DeepSpeed logged on rank 0 at the largest world size measured, in short sentences."""
     n = max(r["world_size"] for r in records)
     at_n = {r["mode"]: r for r in records if r["world_size"] == n and r["rank"] == 0}
-    parts = []
+    said = []
     if "partitioned" in at_n:
         r = at_n["partitioned"]
         moved = r["logged_comm_bytes"] or 0
-        parts.append("a partitioned save needs no communication: " + (
-            "confirmed, rank 0 logged none" if not moved else
-            f"imprecise, rank 0 logged {moved:,} B in DeepSpeed's collectives during it ({ops_named(r)}; the cost "
-            f"model predicted {r['predicted_comm_bytes']:,} B): every rank must reach them, so even this save waits "
-            "for all ranks"))
+        said.append(f"The principle's table says a partitioned save needs no communication. At N = {n} " + (
+            "rank 0 logged none during it, as it says." if not moved else
+            f"that is imprecise: rank 0 logged {moved:,} B in DeepSpeed's collectives during it ({ops_named(r)}), "
+            f"and the cost model predicted {r['predicted_comm_bytes']:,} B. Every rank must reach those "
+            "collectives, so even this save waits for all ranks."))
     for mode in ("gathered16", "per_param"):
         if mode in at_n:
             r = at_n[mode]
-            parts.append(f"{mode} logged {(r['logged_comm_bytes'] or 0) / KIB:,.1f} KiB on rank 0 in {ops_named(r)}")
-    if not parts:
-        return "No in-training save mode was compared, so the principle's table is not checked here."
-    return f"The principle's table at N = {n}: " + "; ".join(parts) + "."
+            said.append(f"The {mode} save logged {(r['logged_comm_bytes'] or 0) / KIB:,.1f} KiB on rank 0 at N = {n} "
+                        f"({ops_named(r)}).")
+    return " ".join(said) or "No in-training save mode was compared, so the principle's table is not checked here."
 
 
 def world_answer(records: list[dict[str, Any]], default_n: int, other_n: int = 3) -> str:
@@ -64,8 +63,9 @@ def world_answer(records: list[dict[str, Any]], default_n: int, other_n: int = 3
     alone = [r["mode"] for r in at_n if r["mode"] in ("offline", "hf")]
     each += [f"{' and '.join(alone)} none (one process after training)"] if alone else []
     part = next((r for r in at_n if r["mode"] == "partitioned"), None)
-    moved = ("" if part is None else f" The partitioned save moved {part['logged_comm_bytes'] or 0:,} B on rank 0 "
-             f"({ops_named(part)}).")
+    moved = ("" if part is None else f" The partitioned save moved {part['logged_comm_bytes'] or 0:,} B, "
+             f"{(part['logged_comm_bytes'] or 0) / max(first['logged_comm_bytes'] or 0, 1):.1e}x of {first['mode']}'s: "
+             "next to nothing, but not nothing.")
     which = "the default" if n == default_n else f"the default is {default_n}"
     return (f"This run measured N = {n} ({which}). Rank 0's collective bytes, largest first: "
             f"{'; '.join(each) or 'no consolidated route was run'}. Most: {first['mode']}.{moved}")
@@ -78,12 +78,15 @@ def summary_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], stal
     sides = {side: len(found) for side, found in memory_sides(records).items()}
     held = max(memory, key=lambda r: r["snapshot MiB"])
     best = min(intervals, key=lambda r: r["lost at optimum %"]) if intervals else None
+    tied = tied_modes(best, intervals, stalls) if best else []
+    tie = f", a tie with {', '.join(tied)}" if tied else ""
     found = [
         ("1", "bytes written and collective bytes: as predicted?",
          f"{sum(r['collective bytes: predicted = logged'] for r in rows)} of {len(rows)} (mode, N) collectives "
          f"equal; worst payload error {max(r['worst payload error (%)'] for r in rows)}%"),
         ("1", "extra memory against the cost model", f"{sides['within']} within 25%, {sides['above']} above "
-                                                      f"(misses), {sides['below']} below (sampled: lower bounds)"),
+                                                      f"(misses), {sides['below']} below (sampled: lower bounds), "
+                                                      f"{len(unpredicted(records))} measured where none was predicted"),
         ("2", "mean stall per save", "; ".join(f"{r['mode']} {r['mean stall s']:.3f} s" for r in stalls)),
         ("2", "time to durable", "; ".join(f"{r['mode']} " + (r["median durable s"] if r["median durable s"] == NEVER
                                                               else f"{r['median durable s']:.3f} s") for r in stalls)),
@@ -91,18 +94,20 @@ def summary_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], stal
         ("4", "host memory the async snapshot holds",
          f"{held['snapshot MiB']} MiB per rank" if held["snapshot MiB"] else "none (no async save ran)"),
         ("5", "least time lost at Young's interval",
-         f"{best['mode']}: every {best['optimum interval s']:,.0f} s, {best['lost at optimum %']:.3f}% lost" if best
-         else "no durable mode ran")]
+         f"{best['mode']}{tie}: every {best['optimum interval s']:,.0f} s, "
+         f"{best['lost at optimum %']:.3f}% lost" if best else "no durable mode ran")]
     return [{"section": s, "question": q, "this run": a} for s, q, a in found]
 
 
 def overlap_ratio(steps: list[dict[str, Any]]) -> str:
-    """The async run's median step while a save is written over its median step without, or 'not measured'."""
-    row = next((r for r in steps if r["mode"] == "async"), None)
-    busy, idle = (row or {}).get("median step s, a save being written"), (row or {}).get(
-        "median step s, no save being written")
-    return f"{busy / idle:.2f}x a step without" if isinstance(busy, float) and isinstance(idle, float) else \
-        "not measured"
+    """The async run's median step while a save is written over its median without, against the steps' noise
+    (`stall.overlap_verdict`), or 'not measured'."""
+    found = overlap_verdict(steps)
+    if found is None:
+        return "not measured"
+    ratio, noise, word = found
+    return f"{ratio:.2f}x a step without; " + (f"within the steps' {noise:.2f}x spread: no slowdown shown"
+                                              if word == "tie" else f"{word} beyond the steps' {noise:.2f}x spread")
 
 
 def memory_kind(records: list[dict[str, Any]]) -> str:
@@ -129,24 +134,36 @@ def memory_sides(records: list[dict[str, Any]], tolerance: float = 0.25) -> dict
             "below": [r for r in rated if ratio[id(r)] < 1 - tolerance]}
 
 
+def unpredicted(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records whose save the cost model predicts no extra peak for but which measured one, largest first."""
+    return sorted((r for r in records if not r["predicted_extra_peak_bytes"] and r["measured_extra_peak_bytes"]),
+                  key=lambda r: -r["measured_extra_peak_bytes"])
+
+
 def memory_agreement(records: list[dict[str, Any]], tolerance: float = 0.25) -> str:
     """How many predicted extra peaks the measurement matched within `tolerance`; above it is a miss of the model,
-    below it may be the sampler's (a sampled peak is a lower bound); the furthest one, in words."""
-    sides = memory_sides(records, tolerance)
+    below it may be the sampler's (a sampled peak is a lower bound); a peak measured where none was predicted is a
+    miss too, named; the furthest one, in words."""
+    sides, missed = memory_sides(records, tolerance), unpredicted(records)
     rated = [r for side in sides.values() for r in side]
     if not rated:
         return "The cost model predicted no extra memory for any save here."
     worst = max(rated, key=lambda r: abs(r["measured_extra_peak_bytes"] / r["predicted_extra_peak_bytes"] - 1))
-    verdict = (f"{len(sides['above'])} above it, which the model misses" if sides["above"] else
-               "none above it, so nothing here refutes the memory model")
+    verdict = (f"{len(sides['above'])} above it, which the model misses" if sides["above"] else "none above it")
     below = (f"; {len(sides['below'])} below it: the heap is sampled (every millisecond at first), so a measured "
              "peak is a lower bound, and a gather buffer that lived less than a millisecond can be missed: not "
              "counted as a miss" if sides["below"] else "")
+    saves = f"{len(missed)} more save{'s' if len(missed) != 1 else ''}"
+    unseen = (f" The model predicts no extra memory for {saves} that measured some, which its terms do not count: "
+              + "; ".join(f"{r['mode']} at N = {r['world_size']}, rank {r['rank']}, "
+                          f"{r['measured_extra_peak_bytes'] / 2**20:.3f} MiB" for r in missed) + "."
+              if missed else "")
+    refutes = "" if sides["above"] or missed else " Nothing here refutes the memory model."
     return (f"Memory: {len(sides['within'])} of {len(rated)} predicted extra peaks lie within {tolerance:.0%} of the "
             f"measured {memory_kind(records)} peaks, {verdict}{below}. The furthest is {worst['mode']} at N = "
             f"{worst['world_size']}, rank {worst['rank']}: {worst['measured_extra_peak_bytes'] / 2**20:.3f} MiB "
             f"measured against {worst['predicted_extra_peak_bytes'] / 2**20:.3f} MiB predicted "
-            f"({worst['measured_extra_peak_bytes'] / worst['predicted_extra_peak_bytes']:.2f}x).")
+            f"({worst['measured_extra_peak_bytes'] / worst['predicted_extra_peak_bytes']:.2f}x).{unseen}{refutes}")
 
 
 def fixed(rows: list[dict[str, Any]], places: int = 3, **per_column: int) -> list[dict[str, Any]]:

@@ -31,12 +31,17 @@ def resume_on(source: str | Path, tag: str, worlds: list[int], steps: int, out_r
                               for world in worlds}))
 
 
+def sequences_per_rank(batch: int, n: int) -> str:
+    """How many of `batch` sequences each of `n` ranks holds: one number when `n` divides it, else 'a to b'."""
+    return f"{batch // n}" + (f" to {-(-batch // n)}" if batch % n else "")
+
+
 def batch_answer(rows: list[dict[str, Any]], global_batch: int, default_batch: int, micro_batch: int,
                  dtype: str) -> str:
     """Exercise 1 for the global batch this run used: each world size's split against the preset's default batch's,
     and the largest loss difference against the tolerance of the run's `dtype` (`claims.RESUME_TOLERANCE`)."""
     def split(batch: int, n: int) -> str:
-        return (f"{batch // n}" + (f" to {-(-batch // n)}" if batch % n else "") + f" sequences per rank in "
+        return (f"{sequences_per_rank(batch, n)} sequences per rank in "
                 f"{accumulation_steps(batch, n, micro_batch)} micro-step(s)")
 
     each = "; ".join(f"on {r['resumed on N']} rank(s) {split(global_batch, r['resumed on N'])}"
@@ -54,13 +59,34 @@ def batch_answer(rows: list[dict[str, Any]], global_batch: int, default_batch: i
 
 
 def nodes_answer(rows: list[dict[str, Any]], default_nodes: int) -> str:
-    """Exercise 2 for the nodes this run simulated: what each node's own folder held (`nodes.folder_rows`)."""
+    """Exercise 2 for the nodes this run simulated: what each node's own folder held (`nodes.folder_rows`), and,
+    for another count than the notebook's `default_nodes`, what the default's folders hold (one rank per node)."""
     ran = ("the default; set `NODES = 3` to add one" if len(rows) == default_nodes else
            f"the default is {default_nodes}")
+    per_rank = rows[0]["files its manifest lists"] // len(rows)  # one rank per simulated node
+    versus = ("" if len(rows) == default_nodes else
+              f" With the default {default_nodes} nodes: {default_nodes} folders, each manifest listing "
+              f"{per_rank * default_nodes} files, {per_rank * (default_nodes - 1)} of them on other nodes: each "
+              f"node adds its rank's {per_rank} files to every manifest.")
     return (f"This run simulated {len(rows)} nodes ({ran}), so {len(rows)} folders, one per node: " + "; ".join(
         f"{r['folder']} holds the files of rank(s) {r['ranks whose files it holds']}, and its manifest lists "
         f"{r['files its manifest lists']} files, {r['of them on other nodes']} of them on other nodes" for r in rows)
-        + ": every manifest lists the whole checkpoint, and each node's own files are the ones not elsewhere.")
+        + ": every manifest lists the whole checkpoint, and each node's own files are the ones not elsewhere."
+        + versus)
+
+
+def resumption_sentence(manifest: dict[str, Any], trap_world: int, refused: bool) -> str:
+    """What sections 3 and 4 measured against the principle's 'a partitioned checkpoint is optimal for training
+    resumption': so on the world size that saved it only; on any other, after a conversion of these seconds and
+    bytes (the universal copy's `manifest`). `refused`: whether DeepSpeed's loader stopped on `trap_world` ranks."""
+    c, n = manifest["conversion"], manifest["source_world_size"]
+    ranks = f"{trap_world} rank{'s' if trap_world != 1 else ''}"
+    return (f"The principle calls a partitioned checkpoint optimal for training resumption. That holds on the {n} "
+            f"ranks that saved it only: there each rank loads its own files as they are. "
+            + (f"DeepSpeed's loader refused it on {ranks} (section 3). " if refused else "")
+            + f"On any other number of ranks it must first be converted: here that took {c['seconds']:.1f} s and "
+            f"wrote a copy {c['bytes'] / c['source_bytes']:.2f}x the checkpoint's bytes "
+            f"({c['source_bytes'] / 2**20:.1f} MiB became {c['bytes'] / 2**20:.1f} MiB).")
 
 
 def universal_sentence(copy: dict[str, Any], source: dict[str, Any], elements: int, folders: int,
@@ -88,8 +114,8 @@ def resume_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     given was converted, and its cost shown, once), the loss difference in one format."""
     made = any(r["loaded from"] == "a universal copy it made" for r in rows)
     drop = () if made else ("conversion (s)", "conversion peak RSS (MiB)")
-    return [{k: f"{v:.1e}" if k == "max |loss difference|" else v for k, v in r.items() if k not in drop}
-            for r in rows]
+    return [{("max |loss difference| (nats per token)" if k == "max |loss difference|" else k):
+             f"{v:.1e}" if k == "max |loss difference|" else v for k, v in r.items() if k not in drop} for r in rows]
 
 
 def loss_differences(base: Any, runs: dict[int, Any], floor: float = 1e-9) -> dict[str, tuple[list[int], list[float]]]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ def records_sentence(records: list[dict[str, Any]]) -> str:
         repeats = sorted({len(r.get("repeat_seconds") or [0]) for r in mine})
         modes = len({r["mode"] for r in mine})
         each = "measured once" if repeats == [1] else f"the median of {' or '.join(map(str, repeats))} repeats"
-        lines.append(f"{machine}: " + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
+        name = f"this machine (host {machine})" if machine == platform.node() else machine
+        lines.append(f"{name}: " + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
                      + f"; {modes} save mode{'s' * (modes != 1)}, {len(mine)} records (every rank), each {each}")
     return "Measured saves: " + ". ".join(lines) + "."
 
@@ -122,10 +124,11 @@ def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not enough(mine):
             continue
         c = fit(mine)
-        named = [*((f"{m}: fixed seconds per save", seconds(c[f"fixed {m}"])) for m in MODE_KEYS),
-                 *((f"{m}: bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
-                 *((f"{m}: per rank file read", seconds(c[f"files {m}"])) for m in READ_RANK_FILES),
-                 ("network: bytes received", rate(c["net"])), ("latency of one ring step", seconds(c["steps"]))]
+        named = [*((f"{m}: fixed time per save", seconds(c[f"fixed {m}"])) for m in MODE_KEYS),
+                 *((f"{m}: bandwidth, bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
+                 *((f"{m}: time per rank file read", seconds(c[f"files {m}"])) for m in READ_RANK_FILES),
+                 ("network: bandwidth, bytes received", rate(c["net"])),
+                 ("time of one ring step", seconds(c["steps"]))]
         out += [{"machine": machine, "constant": k, "value": v} for k, v in named]
     return out
 

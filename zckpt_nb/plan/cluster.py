@@ -7,6 +7,7 @@ timeouts are read from torch and DeepSpeed, not typed in.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from zckpt_nb.plan.costs import DTYPE_BYTES, module_walk_numels, predict
@@ -135,7 +136,12 @@ def filesystem_table(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     """`filesystem_rows` as a person reads them: GiB, GB/s and s to 3 significant figures."""
     return [{"nodes": f"{r['nodes']:,}", "N": f"{r['N']:,}", "save GiB": f"{r['save GiB']:,.1f}",
              "nodes write GB/s": f"{r['uncapped GB/s']:,.0f}", "filesystem takes GB/s": f"{r['aggregate GB/s']:,.0f}",
-             "uncapped s": f"{r['uncapped s']:.3g}", "capped s": f"{r['capped s']:.3g}"} for r in rows]
+             "uncapped s": sig3(r["uncapped s"]), "capped s": sig3(r["capped s"])} for r in rows]
+
+
+def sig3(x: float) -> str:
+    """A positive number to 3 significant figures with its trailing zeros, never in scientific notation: 1.20, 0.602."""
+    return f"{x:,.{max(0, 2 - math.floor(math.log10(x)))}f}" if x > 0 else "0"
 
 
 def slowest_write_within(name: str, n: int, timeout_s: float, dtype: str = "bf16") -> float:

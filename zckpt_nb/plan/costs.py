@@ -202,8 +202,8 @@ def format_prediction(pred: Prediction) -> str:
            if part["per_rank_file_bytes"] else "its files add a header that holds the run's own DeepSpeed config and "
            "client state (not predicted for a config)")
         + f"; collectives {part['comm_bytes_per_rank']:,}"
-        f" bytes per rank ({part['tag_check_bytes_per_rank']} for the tag check, {part['regather_bytes_per_rank']:,} "
-        "to gather the persistent tensors again)",
+        f" bytes per rank ({part['tag_check_bytes_per_rank']} for the tag check, DeepSpeed's check that every rank "
+        f"saves under the same tag; {part['regather_bytes_per_rank']:,} to gather the persistent tensors again)",
         f"  gathered save (save_16bit_model): all-gather {gath['allgather_bytes_per_rank']:,} + broadcast "
         f"{gath['broadcast_bytes_per_rank']:,} bytes logged per rank, rank 0 extra peak "
         f"{gath['rank0_extra_peak_bytes']:,} bytes, writes {gath['written_bytes']:,} bytes",

@@ -137,10 +137,17 @@ def plan(name: str, n: int, bw: Bandwidths, dtype: str = "bf16", persistence_thr
 
 def seconds(s: float) -> str:
     """A duration a person reads: 3 significant figures in µs, ms, s or min (never scientific notation)."""
+    if s < 1e-6:
+        return "under 1 µs"
     for unit, scale in (("min", 60), ("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
         if s >= scale * (2 if unit == "min" else 1) or unit == "µs":
             return f"{float(f'{s / scale:.3g}'):g} {unit}"
     raise AssertionError("unreachable")
+
+
+def in_seconds(s: float) -> str:
+    """A duration in seconds to 3 significant figures, for a column headed (s): 0.000753, 9.31, 1,230."""
+    return f"{float(f'{s:.3g}'):,g}" if s >= 1e-4 else f"{s:.1e}"
 
 
 def why(row: dict[str, Any]) -> str:
@@ -168,11 +175,12 @@ def verdict(rows: list[dict[str, Any]], bw: Bandwidths) -> str:
 
 
 def plan_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plan rows as a table a person reads: GiB and seconds, each time term in its own column."""
-    return [{"N": r["N"], "mode": r["mode"], "rank 0 writes GiB": round(r["rank 0 writes B"] / GIB, 3),
-             "rank 0 extra peak GiB": round(r["rank 0 extra peak B"] / GIB, 3),
+    """Plan rows as a table a person reads: one unit per column (GiB to 3 decimals, seconds to 3 significant
+    figures), the time terms each with its own unit."""
+    return [{"N": r["N"], "mode": r["mode"], "rank 0 writes GiB": f"{r['rank 0 writes B'] / GIB:.3f}",
+             "rank 0 extra peak GiB": f"{r['rank 0 extra peak B'] / GIB:.3f}",
              "terms": "; ".join(f"{k} {seconds(v)}" for k, v in r["terms"].items()),
-             "stall": seconds(r["stall s"]), "to durable": seconds(r["durable s"]),
+             "stall (s)": in_seconds(r["stall s"]), "to durable (s)": in_seconds(r["durable s"]),
              "resumes training": r["resumable"]} for r in rows]
 
 
@@ -218,10 +226,12 @@ def deepspeed_sentence(table: list[dict[str, Any]]) -> str:
     largest = max(terms, key=lambda t: abs(t["difference B"]))
     rest = total["difference B"] - explained
     return (f"Our per-rank held bytes are {total['ours B'] / GIB:.3f} GiB against DeepSpeed's "
-            f"{total['DeepSpeed B'] / GIB:.3f} GiB ({total['ours B'] / total['DeepSpeed B'] - 1:+.2%}); the terms "
-            f"above account for {explained:,} of the {total['difference B']:,} bytes of difference"
-            + (f" ({rest:+,} B of rounding left)" if rest else " exactly")
-            + f", the largest being '{largest['term']}' ({largest['difference B']:,} B).")
+            f"{total['DeepSpeed B'] / GIB:.3f} GiB ({total['ours B'] / total['DeepSpeed B'] - 1:+.2%}). The terms "
+            "above explain the whole difference"
+            + (f" but {rest:+,} B of rounding" if rest else "")
+            + f"; the largest is '{largest['term']}' ({largest['difference B'] / GIB:+.3f} GiB). Plan a GPU's "
+            "memory with DeepSpeed's figure: it counts the working memory of gathering a layer, which ours (the "
+            "bytes each rank holds between steps, what a checkpoint saves) leaves out.")
 
 
 def published_check(name: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ half-written checkpoint. Here every rank runs the same sequence of steps and col
    `zckpt_nb.saving.nodes`): the manifest by temporary file + fsync + rename, then `latest` the same way, each
    followed by an fsync of the folder;
 5. one `all_gather_object` of the committers' errors, so every rank returns the same `SaveOutcome`.
+
 `--keep_last` rotation follows a committed save, outside this protocol (`zckpt_nb.saving.rotation`): it can fail
 without touching the new checkpoint or `latest`.
 """

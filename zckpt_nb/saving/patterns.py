@@ -79,7 +79,7 @@ def save_rank0_only(engine: Any, tokenizer: Any, save_dir: str | Path, tag: str,
         if not is_timeout(e):
             raise
         raise CollectiveTimeout(
-            f"rank 0: save_checkpoint of {tag} was called on rank 0 only (--save_mode rank0_only) and gave up "
-            f"after {time.perf_counter() - start:.0f} s (collective timeout {timeout:.0f} s) waiting for ranks "
-            "that never joined: under ZeRO-3 every rank must call save_checkpoint") from None
+            f"rank 0: under ZeRO-3 every rank must call save_checkpoint; it was called on rank 0 only (--save_mode "
+            f"rank0_only) for {tag} and gave up after {time.perf_counter() - start:.0f} s (collective timeout "
+            f"{timeout:.0f} s) waiting for ranks that never joined") from None
     return SaveOutcome(tag, tag_step(tag), True, None, time.perf_counter() - start)

@@ -8,6 +8,7 @@ from statistics import median
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from zckpt_nb.convert.inspect import CheckpointInfo
 from zckpt_nb.lessons.compare import MODES
@@ -33,6 +34,7 @@ def plot_losses(curves: dict[str, tuple[Sequence[int], Sequence[float]]], *, tit
     if ref is not None:
         ax.axhline(ref, color="grey", ls=":", label=f"ln(vocab) = {ref:.2f}")
     ax.set(title=title, xlabel="optimizer step (count)", ylabel=ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.legend()
     return add_caption(fig, caption)
 
@@ -56,8 +58,9 @@ def plot_partition_numel(infos: Sequence[CheckpointInfo], *, title: str, caption
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for info in infos:
         xs = [f"N={info.world_size}\nrank {s.rank}" for s in info.ranks]
-        ax.bar(xs, [s.partition_numel for s in info.ranks], label=f"N = {info.world_size}")
-        ax.hlines(info.num_params / info.world_size, xs[0], xs[-1], colors="black", linestyles=":")
+        bars = ax.bar(xs, [s.partition_numel for s in info.ranks], label=f"N = {info.world_size}")
+        left, right = bars[0].get_x(), bars[-1].get_x() + bars[-1].get_width()  # across the bars, one bar too
+        ax.hlines(info.num_params / info.world_size, left, right, colors="black", linestyles=":", lw=1.5, zorder=3)
     ax.set(title=title, xlabel="world size and rank", ylabel="parameter elements held (count)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     return add_caption(fig, caption)
@@ -92,7 +95,7 @@ def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Fig
            hatch="//", label="SHA-256 (beside the write)")
     ax.set_xticks(xs, [s["tag"] for s in saves])
     ax.set(title=title, xlabel="checkpoint tag", ylabel="time on rank 0 (ms)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: inside it covers a bar
     return add_caption(fig, caption)
 
 
@@ -201,11 +204,12 @@ def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: st
             for m, ls in zip(modes, ("-", "--")):
                 pts = [(r["N"], r[key]) for r in rows if r["model"] == model and r["mode"] == m]
                 ax.plot(*zip(*pts), ls=ls, color=f"C{i}", label=f"{model}, {m}" if key == "stall s" else model)
-            hits = [(r["world_size"], r[measured_key]) for r in measured
-                    if r["model"] == model and r["mode"] in modes and r["rank"] == 0]
-            if hits:
-                ax.scatter(*zip(*hits), marker="x", s=60, color="black", zorder=3,
-                           label=f"{model}, measured" if ax is axes[0] else None)
+            for m, marker in zip(modes, ("x", "+")):  # one marker per save mode, named in the legend
+                hits = [(r["world_size"], r[measured_key]) for r in measured
+                        if r["model"] == model and r["mode"] == m and r["rank"] == 0]
+                if hits:
+                    ax.scatter(*zip(*hits), marker=marker, s=60, color="black", zorder=3,
+                               label=f"{model}, {m}, measured")
         ax.set(title=name, xlabel="world size N (ranks)", ylabel=ylabel, xscale="log", yscale="log")
         ax.legend(fontsize=6, ncol=2 if key == "stall s" else 1)
     fig.suptitle(title)
@@ -226,9 +230,11 @@ def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, toleranc
                                ("fitted s", "^", "this machine's constants, fitted on the other saves")):
         pts = [(r["measured s"], r[key]) for r in rows if r[key] is not None]
         ax.scatter(*zip(*pts), marker=marker, label=label)
-    for r in rows:
-        if r["fitted s"] is not None and abs(r["fitted error"]) > tolerance:
-            ax.annotate(f"{r['model']} {r['mode']} N={r['N']}", (r["measured s"], r["fitted s"]), fontsize=6)
+    misses = sorted((r for r in rows if r["fitted s"] is not None and abs(r["fitted error"]) > tolerance),
+                    key=lambda r: r["measured s"])
+    for j, r in enumerate(misses):  # neighbours' names alternate above and below their point, so they do not overlap
+        ax.annotate(f"{r['model']} {r['mode']} N={r['N']}", (r["measured s"], r["fitted s"]), fontsize=6,
+                    xytext=(3, 4 if j % 2 else -9), textcoords="offset points")
     ax.set(title=title, xlabel="measured seconds, rank 0 (s)", ylabel="predicted seconds (s)", xscale="log",
            yscale="log")
     ax.legend(fontsize=8)
@@ -305,6 +311,8 @@ def plot_rss_traces(records: Sequence[dict], baseline_bytes: float, model_bytes:
         rss = [(a + f - baseline_bytes) / 2**20 for a, f in zip(t["anon"], t["file"])]
         ax.plot(t["seconds"], rss, ls=style, color=color, label=f"{r['route']}, --max_shard_size {r['shard_size']}")
     ax.axhline(model_bytes / 2**20, color="grey", ls=":", label="the model in fp32 (P x 4 B)")
+    top = 1.1 * max([model_bytes / 2**20] + [max(line.get_ydata()) for line in ax.get_lines()])
+    ax.set_ylim(-0.1 * top, top)  # the start-up, below the baseline, would squash the peaks: cut it off
     ax.set(title=title, xlabel="seconds since the process started (s)",
            ylabel="RSS above the baseline (MiB)")
     ax.legend(fontsize=8)
