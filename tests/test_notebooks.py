@@ -276,10 +276,14 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                                  get("FS_CAP_GBPS"), get("DTYPE"), get("PERSISTENCE_THRESHOLD"))
     default_fs = cluster.filesystem_rows(get("PLAN_CONFIG"), nodes, get("GPUS_PER_NODE"), get("NODE_WRITE_GBPS"),
                                          cluster.DEFAULT_FS_CAP_GBPS, get("DTYPE"), get("PERSISTENCE_THRESHOLD"))
-    assert answers[1] == cluster.cap_answer(fs, get("FS_CAP_GBPS"), default_fs)
+    exercise_fs = cluster.filesystem_rows(get("PLAN_CONFIG"), nodes, get("GPUS_PER_NODE"), get("NODE_WRITE_GBPS"),
+                                          cluster.EXERCISE_FS_CAP_GBPS, get("DTYPE"), get("PERSISTENCE_THRESHOLD"))
+    assert answers[1] == cluster.cap_answer(fs, get("FS_CAP_GBPS"), default_fs, exercise_rows=exercise_fs)
     assert answers[2] == cluster.pinned_answer(
         cluster.pinned_rows(get("PLAN_CONFIG"), get("SIZES"), get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
-        cluster.pinned_rows(get("PLAN_CONFIG"), cluster.DEFAULT_SIZES, get("DTYPE"), get("PERSISTENCE_THRESHOLD")))
+        cluster.pinned_rows(get("PLAN_CONFIG"), cluster.DEFAULT_SIZES, get("DTYPE"), get("PERSISTENCE_THRESHOLD")),
+        cluster.pinned_rows(get("PLAN_CONFIG"), list(cluster.EXERCISE_SIZES), get("DTYPE"),
+                            get("PERSISTENCE_THRESHOLD")))
     assert answers[0] == cluster.timeout_answer(get("PLAN_CONFIG"), n, get("WRITE_GBPS"), cluster.default_timeouts(),
                                                 get("DTYPE"))
 

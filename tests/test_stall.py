@@ -108,6 +108,7 @@ def test_overlap_sentence_says_slower_only_beyond_the_spread_of_steps_without_a_
                 "median step s, a save being written": busy}
     plain = row("plain", 1.0, stall.NONE, 1.27)
     tie = stall.overlap_sentence([plain, row("async", 1.0, 1.21, 1.5)])
+    assert "only detect a slowdown larger than 1.27x" in tie
     assert "1.21x is within that noise" in tie and "spread 1.27x" in tie and "(3 steps x ranks)" in tie
     assert "beyond that noise: slower" in stall.overlap_sentence([plain, row("async", 1.0, 1.4, 1.1)])
     alone = stall.overlap_sentence([row("async", 1.0, 1.4, 1.5)])  # no plain run: the async run's own spread

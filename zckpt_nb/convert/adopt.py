@@ -24,6 +24,7 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, latest_name
 from zckpt_nb.format.manifest import checkpoint_manifest, file_record, sha256_file
+from zckpt_nb.format.words import counted
 
 ZERO_3 = 3  # DeepSpeed's ZeroStageEnum.weights
 
@@ -139,5 +140,6 @@ def describe_adoption(manifest: dict[str, Any]) -> str:
         return f"{manifest['tag']} was already committed by zckpt_nb; nothing to adopt"
     kind = manifest["identity"].get("model_type", "a model")
     return (f"adopted {manifest['tag']}: {kind}, {facts['num_params']:,} parameters, {facts['dtype']}, step "
-            f"{facts['step']}, saved by {facts['world_size']} rank(s) with DeepSpeed {facts['deepspeed_version']}; "
+            f"{facts['step']}, saved by {counted(facts['world_size'], 'rank')} with DeepSpeed "
+            f"{facts['deepspeed_version']}; "
             "verify, inspect, export and reshard now read it")

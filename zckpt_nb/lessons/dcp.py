@@ -10,6 +10,7 @@ from typing import Any
 from zckpt_nb.convert.dcp import largest_state_bytes
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.manifest import read_manifest
+from zckpt_nb.format.words import counted
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
 from zckpt_nb.measure.trace import trace_command
 
@@ -86,13 +87,31 @@ def tensor_dtypes(dcp_dir: str | Path, keys: tuple[str, ...] = ("model", "optimi
             and fqn.split(".")[0] in keys and not fqn.endswith(".step")}
 
 
+def stage_seconds(costs: dict[str, Any]) -> dict[str, float]:
+    """The seconds of to-dcp's measured stages, from the manifest's conversion fields (new keys ignored): the
+    universal copy when this command made it, the DCP writer, and the wait for the rank files' hash check."""
+    c = costs["manifest"]["conversion"]
+    made = via_universal(costs) and not c.get("universal", {}).get("reused", False)
+    return {"ds_to_universal": c.get("universal", {}).get("seconds", 0.0) if made else 0.0, "DCP writer": c["seconds"],
+            "hash check wait": c.get("check_wait_seconds", 0.0)}
+
+
+def startup_seconds(costs: dict[str, Any]) -> float:
+    """The whole to-dcp command's wall time less its measured stages: process start-up and imports (torch,
+    DeepSpeed, transformers), which nothing inside the process can time."""
+    return max(0.0, costs["to_dcp"]["seconds"] - sum(stage_seconds(costs).values()))
+
+
 def time_compared(costs: dict[str, Any]) -> str:
-    """to-dcp's whole command against zero_to_fp32.py, each timed once: within 10% is a tie, not a ranking."""
+    """to-dcp's whole command against zero_to_fp32.py, each timed once: within 10% is a tie, not a ranking; and how
+    much of to-dcp's time was process start-up and imports rather than converting."""
     mine, theirs = costs["to_dcp"]["seconds"], costs["zero_to_fp32"]["seconds"]
     told = f"{mine:.1f} s against zero_to_fp32.py's {theirs:.1f} s"
+    startup = (f"; {startup_seconds(costs):.1f} s of to-dcp's {mine:.1f} s were process start-up and imports, not "
+               "converting, and zero_to_fp32.py, a process of its own too, pays the same kind of start-up")
     if abs(mine / theirs - 1) <= 0.1:
-        return f"about the time of zero_to_fp32.py ({told}, one run each: a tie)"
-    return f"{mine / theirs:.2f}x the time of zero_to_fp32.py ({told})"
+        return f"about the time of zero_to_fp32.py ({told}, one run each: a tie{startup})"
+    return f"{mine / theirs:.2f}x the time of zero_to_fp32.py ({told}{startup})"
 
 
 def via_universal(costs: dict[str, Any]) -> bool:
@@ -115,6 +134,8 @@ def cost_rows(costs: dict[str, Any]) -> list[dict[str, Any]]:
     source = "stage 2: DCP writer" if via_universal(costs) else "DCP writer, reading the rank files"
     rows.append({"route": f"to-dcp, {source}", "keeps": everything, "time (s)": f"{c['seconds']:.1f}",
                  "peak RSS (MiB)": round(c["peak_rss_bytes"] / mib), "written (MiB)": f"{c['bytes'] / mib:.2f}"})
+    rows.append({"route": "to-dcp, start-up and imports (whole minus stages)", "keeps": "-",
+                 "time (s)": f"{startup_seconds(costs):.1f}", "peak RSS (MiB)": "-", "written (MiB)": "-"})
     rows.append({"route": "to-dcp, the whole command", "keeps": everything,
                  "time (s)": f"{costs['to_dcp']['seconds']:.1f}",
                  "peak RSS (MiB)": round(costs["to_dcp"]["peak_rss_bytes"] / mib),
@@ -169,14 +190,16 @@ def gap_curves(base: Any, legs: dict[str, Any], floor: float = 1e-9) -> dict[str
     return {name: (list(leg.steps), [max(g, floor) for g in leg_gaps(base, leg)]) for name, leg in legs.items()}
 
 
-def leg_sentence(base: Any, leg: Any, what: str) -> str:
-    """One switch: how far the leg's loss stayed from the uninterrupted run, within the bound its dtype can meet."""
+def leg_sentence(base: Any, leg: Any, what: str, reference: str | None = None) -> str:
+    """One switch: how far the leg's loss stayed from the uninterrupted run (`reference`: how the sentence names
+    it, by default in full), within the bound its dtype can meet."""
     gaps, (bound, told) = leg_gaps(base, leg), tolerance(base)
     inside = "within" if max(gaps) <= bound else "NOT within"
     first = "equal to the bit" if gaps[0] == 0 else f"{gaps[0]:.1e} off"
-    return (f"{what} on {leg.world_size} rank(s) trained steps {leg.steps[0]} to {leg.steps[-1]} and its loss stayed "
-            f"{inside} {told} of the uninterrupted ZeRO-3 run on {base.world_size} rank(s): largest gap "
-            f"{max(gaps):.1e} over {len(gaps)} steps, the first step {first}")
+    named = reference or f"the uninterrupted ZeRO-3 run on {counted(base.world_size, 'rank')}"
+    return (f"{what} on {counted(leg.world_size, 'rank')} trained steps {leg.steps[0]} to {leg.steps[-1]} and its loss "
+            f"stayed {inside} {told} of {named}: largest gap {max(gaps):.1e} over {len(gaps)} steps, the first step "
+            f"{first}")
 
 
 def round_trip_sentence(base: Any, fsdp: Any, back: Any) -> str:
@@ -190,7 +213,8 @@ def round_trip_sentence(base: Any, fsdp: Any, back: Any) -> str:
            + (". In bf16 every such difference is rounded to bf16's 8 significant bits in the forward and backward "
               "passes (both frameworks keep fp32 masters), hence the bound of "
               f"{tolerance(base)[1]} instead of fp32's 1e-4." if dtype == "bf16" else "."))
-    return f"{leg_sentence(base, fsdp, 'FSDP2')}. {leg_sentence(base, back, 'ZeRO-3 after from-dcp')}. {why}"
+    return (f"{leg_sentence(base, fsdp, 'FSDP2')}. "
+            f"{leg_sentence(base, back, 'ZeRO-3 after from-dcp', 'the uninterrupted run, too')}. {why}")
 
 
 def gaps_summary(base: Any, fsdp: Any, back: Any) -> str:
@@ -199,7 +223,8 @@ def gaps_summary(base: Any, fsdp: Any, back: Any) -> str:
     bound, told = tolerance(base)
     both = "both within" if max(a, b) <= bound else "NOT both within"
     return (f"In {base.data.get('dtype', 'fp32')}, the largest loss gaps from the uninterrupted run were {a:.1e} for "
-            f"FSDP2 on {fsdp.world_size} rank(s) and {b:.1e} for ZeRO-3 on {back.world_size} rank(s) after from-dcp, "
+            f"FSDP2 on {counted(fsdp.world_size, 'rank')} and {b:.1e} for ZeRO-3 on {counted(back.world_size, 'rank')} "
+            "after from-dcp, "
             f"{both} {told} (section 5)")
 
 
@@ -208,11 +233,10 @@ def fsdp_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAUL
     files, n = len(read_manifest(dcp_dir)["files"]), fsdp.world_size
     gap, (bound, told) = max(leg_gaps(base, fsdp)), tolerance(base)
     share = "all" if n == 1 else f"about {base.num_params / n:,.0f}"
-    than = (f"as on the default {default} ranks" if n == default else
-            f"against {base.num_params / default:,.0f} on the default {default} ranks")
-    return (f"No second conversion: FSDP2 on {n} rank(s) loaded the very {files} files to-dcp wrote once, by one "
-            f"process with whole tensors; `dcp.load` cut each tensor into {n} shard(s), so each rank held "
-            f"{share} of the {base.num_params:,} parameters with their moments ({than}). The leg's largest loss "
+    than = ("" if n == default else f" (against {base.num_params / default:,.0f} on the default {default} ranks)")
+    return (f"No second conversion: FSDP2 on {counted(n, 'rank')} loaded the very {files} files to-dcp wrote once, by "
+            f"one process with whole tensors; `dcp.load` cut each tensor into {counted(n, 'shard')}, so each rank "
+            f"held {share} of the {base.num_params:,} parameters with their moments{than}. The leg's largest loss "
             f"gap was {gap:.1e}, {'within' if gap <= bound else 'NOT within'} {told}"
             + (f", the gap of section 5. These are the defaults: set FSDP_NPROC = {1 if default > 1 else 2} to "
                "compare." if n == default else f"; compare it with section 5's on the default {default} ranks: "
@@ -228,5 +252,14 @@ def switch_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFA
              if step != default and default < len(lrs) else "")
     return (f"The DCP checkpoint holds step {step}, so Adam's bias correction continues from it. FSDP2's first step "
             f"was step {fsdp.steps[0]}, trained with learning rate {lr:.3e}, {same} the uninterrupted run's at that "
-            f"step.{other}" + (f" These are the defaults: set SWITCH_STEP = {max(1, default - 2)} to compare."
-                               if step == default else ""))
+            f"step.{other}" + (at_other(lrs, max(1, default - 2)) if step == default else ""))
+
+
+def at_other(lrs: list[float], other: int) -> str:
+    """At the default switch: what exercise 2's `SWITCH_STEP = other` would carry over, read from the uninterrupted
+    run's logged learning rates (the schedule is the same run's, so no second run is needed to say it)."""
+    if other >= len(lrs):
+        return f" These are the defaults: set SWITCH_STEP = {other} to compare."
+    return (f" These are the defaults. With SWITCH_STEP = {other}, the checkpoint would hold step {other} and "
+            f"FSDP2's first step, step {other}, should train with the uninterrupted run's learning rate at that "
+            f"step, {lrs[other]:.3e}: set it to check.")

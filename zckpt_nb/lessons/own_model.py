@@ -13,6 +13,7 @@ from zckpt_nb.run.launch import launch_module
 
 OWN_LOOP, TRAINER_LOOP = "zckpt_nb.examples.own_loop", "zckpt_nb.examples.trainer_loop"
 DEFAULT_NPROC, DEFAULT_DROP = 2, (-1, "optim_states")  # notebook 08's defaults, which its answers compare against
+EXERCISE_NPROC = 3  # exercise 1's world size, which the answer gives at the default too
 
 
 def run_example(module: str, out: str | Path, *args: str, nproc: int = 2, timeout: float = 600) -> list[str]:
@@ -122,7 +123,9 @@ def partition_answer(ckpt_dir: str | Path, nproc: int, default: int = DEFAULT_NP
     numels = tuple(p.numel() for p in meta_model(str(Path(ckpt_dir) / "config.json")).parameters())
     measured = {r.partition_numel for r in inspect_checkpoint(ckpt_dir).ranks}
     predicted = slice_numel(numels, nproc)
-    than = "" if nproc == default else f" (against {slice_numel(numels, default):,} on the default {default} ranks)"
+    other = EXERCISE_NPROC if nproc == default else default
+    than = ("" if other == nproc else f" (on {other} ranks, {'the exercise' if nproc == default else 'the default'}: "
+            f"{slice_numel(numels, other):,} each)")
     return (f"On {nproc} ranks, every tensor padded to a multiple of {nproc} and split, each rank owns "
             f"{predicted:,} of the {sum(numels):,} parameter elements by the config alone{than}; `inspect` measured "
             + (f"{predicted:,} on every rank: equal." if measured == {predicted} else
@@ -178,11 +181,12 @@ def drop_answer(ckpt_dir: str | Path, work: str | Path, tag: str, rank: int, kin
     count = (f"and still tells the world size ({world} ranks), read from rank 0's model states" if known else
              "and cannot tell how many ranks the checkpoint had: it reads the world size from rank 0's model states, "
              "the very file that is gone, so it names only that file")
-    hint = 'These are the defaults: set DROP_RANK = 0 and DROP_FILE = "model_states" to compare.'
-    default = (hint if (mine, known) == (base, base_known) else
-               f"With the default drop ({base}) it named that file {'and' if base_known else 'but not'} the world "
-               "size.")
-    return f"With {mine} gone, adopt refuses and names {mine} as missing, {count}. {default}"
+    said_here = f"with {mine} gone, adopt refuses and names {mine} as missing, {count}."
+    if (mine, known) == (base, base_known):
+        return ('These are the defaults (set DROP_RANK = 0 and DROP_FILE = "model_states" for the exercise): '
+                + said_here)
+    return (f"{said_here[0].upper()}{said_here[1:]} With the default drop ({base}) it named that file "
+            f"{'and' if base_known else 'but not'} the world size.")
 
 
 def save_model_fallback() -> str:

@@ -11,12 +11,13 @@ KIB = 1024
 
 
 def compare_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Bytes written and moved by collectives, predicted beside measured, and the save's wall time (8 columns)."""
+    """Bytes written (KiB) and moved by collectives (bytes: a partitioned save's few bytes would round to 0.0 KiB),
+    predicted beside measured, and the save's wall time (8 columns)."""
     return [{"mode": r["mode"], "N": r["world_size"], "rank": r["rank"],
              "written KiB, predicted": r["predicted_bytes"] / KIB,
              "written KiB, tensor payload": r["measured_payload_bytes"] / KIB,
-             "collective KiB, predicted": r["predicted_comm_bytes"] / KIB,
-             "collective KiB, logged": (r["logged_comm_bytes"] or 0) / KIB,
+             "collective bytes, predicted": f"{int(r['predicted_comm_bytes']):,}",
+             "collective bytes, logged": f"{int(r['logged_comm_bytes'] or 0):,}",
              "save s": float(r["seconds"])} for r in records]
 
 
@@ -75,7 +76,6 @@ def summary_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], stal
                  steps: list[dict[str, Any]], memory: list[dict[str, Any]],
                  intervals: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The notebook's findings in one table, each a short figure from this run and the section that says it whole."""
-    sides = {side: len(found) for side, found in memory_sides(records).items()}
     held = max(memory, key=lambda r: r["snapshot MiB"])
     best = min(intervals, key=lambda r: r["lost at optimum %"]) if intervals else None
     tied = tied_modes(best, intervals, stalls) if best else []
@@ -84,9 +84,7 @@ def summary_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], stal
         ("1", "bytes written and collective bytes: as predicted?",
          f"{sum(r['collective bytes: predicted = logged'] for r in rows)} of {len(rows)} (mode, N) collectives "
          f"equal; worst payload error {max(r['worst payload error (%)'] for r in rows)}%"),
-        ("1", "extra memory against the cost model", f"{sides['within']} within 25%, {sides['above']} above "
-                                                      f"(misses), {sides['below']} below (sampled: lower bounds), "
-                                                      f"{len(unpredicted(records))} measured where none was predicted"),
+        ("1", "extra memory against the cost model", memory_summary(records)),
         ("2", "mean stall per save", "; ".join(f"{r['mode']} {r['mean stall s']:.3f} s" for r in stalls)),
         ("2", "time to durable", "; ".join(f"{r['mode']} " + (r["median durable s"] if r["median durable s"] == NEVER
                                                               else f"{r['median durable s']:.3f} s") for r in stalls)),
@@ -99,6 +97,19 @@ def summary_rows(rows: list[dict[str, Any]], records: list[dict[str, Any]], stal
     return [{"section": s, "question": q, "this run": a} for s, q, a in found]
 
 
+def memory_summary(records: list[dict[str, Any]], tolerance: float = 0.25) -> str:
+    """Section 1's memory finding in one short sentence: how many predicted peaks matched, and what lay outside."""
+    sides, missed = memory_sides(records, tolerance), unpredicted(records)
+    rated = sum(len(side) for side in sides.values())
+    said = [f"{len(sides['within'])} of {rated} predicted peaks within {tolerance:.0%}"]
+    said += [f"{r['mode']} rank {r['rank']} {direction} it" + (" (a miss)" if direction == "above" else
+                                                                " (a sampled peak: a lower bound)")
+             for direction in ("above", "below") for r in sides[direction]]
+    if missed:
+        said.append(f"{len(missed)} measured where none was predicted (misses)")
+    return "; ".join(said)
+
+
 def overlap_ratio(steps: list[dict[str, Any]]) -> str:
     """The async run's median step while a save is written over its median without, against the steps' noise
     (`stall.overlap_verdict`), or 'not measured'."""
@@ -106,7 +117,7 @@ def overlap_ratio(steps: list[dict[str, Any]]) -> str:
     if found is None:
         return "not measured"
     ratio, noise, word = found
-    return f"{ratio:.2f}x a step without; " + (f"within the steps' {noise:.2f}x spread: no slowdown shown"
+    return f"{ratio:.2f}x a step without; " + (f"within the steps' {noise:.2f}x spread: no slowdown over {noise:.2f}x"
                                               if word == "tie" else f"{word} beyond the steps' {noise:.2f}x spread")
 
 
@@ -141,18 +152,25 @@ def unpredicted(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def memory_agreement(records: list[dict[str, Any]], tolerance: float = 0.25) -> str:
-    """How many predicted extra peaks the measurement matched within `tolerance`; above it is a miss of the model,
-    below it may be the sampler's (a sampled peak is a lower bound); a peak measured where none was predicted is a
-    miss too, named; the furthest one, in words."""
+    """How many predicted extra peaks the measurement matched within `tolerance`, then each one outside it named in
+    plain words (above: a miss of the model; below: maybe the sampler's, a sampled peak being a lower bound), and the
+    saves that measured a peak where none was predicted (misses too)."""
     sides, missed = memory_sides(records, tolerance), unpredicted(records)
     rated = [r for side in sides.values() for r in side]
     if not rated:
         return "The cost model predicted no extra memory for any save here."
+    def said(r: dict[str, Any]) -> str:
+        return (f"{r['mode']} at N = {r['world_size']}, rank {r['rank']}, measured "
+                f"{r['measured_extra_peak_bytes'] / 2**20:.3f} MiB against "
+                f"{r['predicted_extra_peak_bytes'] / 2**20:.3f} MiB predicted "
+                f"({r['measured_extra_peak_bytes'] / r['predicted_extra_peak_bytes']:.2f}x)")
     worst = max(rated, key=lambda r: abs(r["measured_extra_peak_bytes"] / r["predicted_extra_peak_bytes"] - 1))
-    verdict = (f"{len(sides['above'])} above it, which the model misses" if sides["above"] else "none above it")
-    below = (f"; {len(sides['below'])} below it: the heap is sampled (every millisecond at first), so a measured "
-             "peak is a lower bound, and a gather buffer that lived less than a millisecond can be missed: not "
-             "counted as a miss" if sides["below"] else "")
+    above = "".join(f" Above it: {said(r)}, more than the model's terms count, a miss of the model."
+                    for r in sides["above"])
+    below = "".join(f" Below it: {said(r)}. The heap is sampled (every millisecond at first), so a measured peak is "
+                    "a lower bound: a buffer that lived less than a millisecond can be missed, so this is not "
+                    "counted as a miss." for r in sides["below"])
+    furthest = "" if above or below else f" The furthest: {said(worst)}."
     saves = f"{len(missed)} more save{'s' if len(missed) != 1 else ''}"
     unseen = (f" The model predicts no extra memory for {saves} that measured some, which its terms do not count: "
               + "; ".join(f"{r['mode']} at N = {r['world_size']}, rank {r['rank']}, "
@@ -160,10 +178,7 @@ def memory_agreement(records: list[dict[str, Any]], tolerance: float = 0.25) -> 
               if missed else "")
     refutes = "" if sides["above"] or missed else " Nothing here refutes the memory model."
     return (f"Memory: {len(sides['within'])} of {len(rated)} predicted extra peaks lie within {tolerance:.0%} of the "
-            f"measured {memory_kind(records)} peaks, {verdict}{below}. The furthest is {worst['mode']} at N = "
-            f"{worst['world_size']}, rank {worst['rank']}: {worst['measured_extra_peak_bytes'] / 2**20:.3f} MiB "
-            f"measured against {worst['predicted_extra_peak_bytes'] / 2**20:.3f} MiB predicted "
-            f"({worst['measured_extra_peak_bytes'] / worst['predicted_extra_peak_bytes']:.2f}x).{unseen}{refutes}")
+            f"measured {memory_kind(records)} peak.{above}{below}{furthest}{unseen}{refutes}")
 
 
 def fixed(rows: list[dict[str, Any]], places: int = 3, **per_column: int) -> list[dict[str, Any]]:

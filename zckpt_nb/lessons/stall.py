@@ -268,8 +268,9 @@ def overlap_sentence(rows: list[dict[str, Any]]) -> str:
                          "model, fed the stall alone, does not count",
                "faster": "beyond that noise the other way: faster, which the write itself cannot cause, so this "
                          "run cannot tell whether the write slows training",
-               "tie": "within that noise, so this run shows no slowdown from the overlapping write. The stall "
-                      "alone is then what a save costs training, which is what section 5's model assumes"}[word]
+               "tie": f"within that noise. This is a weak test: with this few steps it can only detect a slowdown "
+                      f"larger than {noise:.2f}x (each step {noise - 1:.0%} longer), and this run shows none that "
+                      "large. Section 5's model assumes the stall alone is what a save costs training"}[word]
     return (f"While an asynchronous save was being written, a training step took a median "
             f"{row['median step s, a save being written']:.3f} s ({row['steps x ranks, a save being written']} "
             f"steps x ranks) against {row['median step s, no save being written']:.3f} s otherwise in the same run "

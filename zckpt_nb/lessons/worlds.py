@@ -11,10 +11,14 @@ from typing import Any
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.reshard import bytes_by_kind
 from zckpt_nb.format.layout import RANK_FILE, universal_dir
+from zckpt_nb.format.words import counted
 from zckpt_nb.lessons import claims
 from zckpt_nb.lessons.together import all_done, together
 from zckpt_nb.model import accumulation_steps
 from zckpt_nb.run.launch import launch
+
+EXERCISE_BATCH = 7  # exercise 1's global batch, which 2 and 3 ranks cannot split evenly
+EXERCISE_NODES = 3  # exercise 2's node count
 
 
 def resume_on(source: str | Path, tag: str, worlds: list[int], steps: int, out_root: str | Path,
@@ -42,13 +46,15 @@ def batch_answer(rows: list[dict[str, Any]], global_batch: int, default_batch: i
     and the largest loss difference against the tolerance of the run's `dtype` (`claims.RESUME_TOLERANCE`)."""
     def split(batch: int, n: int) -> str:
         return (f"{sequences_per_rank(batch, n)} sequences per rank in "
-                f"{accumulation_steps(batch, n, micro_batch)} micro-step(s)")
+                f"{counted(accumulation_steps(batch, n, micro_batch), 'micro-step')}")
 
-    each = "; ".join(f"on {r['resumed on N']} rank(s) {split(global_batch, r['resumed on N'])}"
-                     + ("" if global_batch == default_batch else f" (with {default_batch}: "
-                        f"{split(default_batch, r['resumed on N'])})") for r in rows)
-    ran = (f"This run used the preset's global batch of {default_batch} (set `GLOBAL_BATCH = 7` for a batch that "
-           "2 and 3 ranks cannot split evenly)" if global_batch == default_batch else
+    other = EXERCISE_BATCH if global_batch == default_batch else default_batch
+    each = "; ".join(f"on {counted(r['resumed on N'], 'rank')} {split(global_batch, r['resumed on N'])}"
+                     + ("" if other == global_batch else f" (with {other}: {split(other, r['resumed on N'])})")
+                     for r in rows)
+    ran = (f"This run used the preset's global batch of {default_batch} (set `GLOBAL_BATCH = {EXERCISE_BATCH}` for "
+           "a batch that 2 and 3 ranks cannot split evenly; its split is in brackets)"
+           if global_batch == default_batch else
            f"This run used a global batch of {global_batch} (the preset's is {default_batch})")
     worst, tolerance = max(rows, key=lambda r: r["max |loss difference|"]), claims.RESUME_TOLERANCE[dtype]
     held = worst["max |loss difference|"] <= tolerance
@@ -61,15 +67,17 @@ def batch_answer(rows: list[dict[str, Any]], global_batch: int, default_batch: i
 def nodes_answer(rows: list[dict[str, Any]], default_nodes: int) -> str:
     """Exercise 2 for the nodes this run simulated: what each node's own folder held (`nodes.folder_rows`), and,
     for another count than the notebook's `default_nodes`, what the default's folders hold (one rank per node)."""
-    ran = ("the default; set `NODES = 3` to add one" if len(rows) == default_nodes else
+    other = EXERCISE_NODES if len(rows) == default_nodes else default_nodes
+    ran = (f"the default; set `NODES = {EXERCISE_NODES}` to add one" if len(rows) == default_nodes else
            f"the default is {default_nodes}")
     per_rank = rows[0]["files its manifest lists"] // len(rows)  # one rank per simulated node
-    versus = ("" if len(rows) == default_nodes else
-              f" With the default {default_nodes} nodes: {default_nodes} folders, each manifest listing "
-              f"{per_rank * default_nodes} files, {per_rank * (default_nodes - 1)} of them on other nodes: each "
+    versus = ("" if other == len(rows) else
+              f" With {'the default ' if other == default_nodes else ''}{other} nodes: {other} folders, each "
+              f"manifest listing {per_rank * other} files, {per_rank * (other - 1)} of them on other nodes: each "
               f"node adds its rank's {per_rank} files to every manifest.")
     return (f"This run simulated {len(rows)} nodes ({ran}), so {len(rows)} folders, one per node: " + "; ".join(
-        f"{r['folder']} holds the files of rank(s) {r['ranks whose files it holds']}, and its manifest lists "
+        f"{r['folder']} holds the files of rank{'s' if ',' in r['ranks whose files it holds'] else ''} "
+        f"{r['ranks whose files it holds']}, and its manifest lists "
         f"{r['files its manifest lists']} files, {r['of them on other nodes']} of them on other nodes" for r in rows)
         + ": every manifest lists the whole checkpoint, and each node's own files are the ones not elsewhere."
         + versus)
@@ -77,16 +85,16 @@ def nodes_answer(rows: list[dict[str, Any]], default_nodes: int) -> str:
 
 def resumption_sentence(manifest: dict[str, Any], trap_world: int, refused: bool) -> str:
     """What sections 3 and 4 measured against the principle's 'a partitioned checkpoint is optimal for training
-    resumption': so on the world size that saved it only; on any other, after a conversion of these seconds and
-    bytes (the universal copy's `manifest`). `refused`: whether DeepSpeed's loader stopped on `trap_world` ranks."""
-    c, n = manifest["conversion"], manifest["source_world_size"]
-    ranks = f"{trap_world} rank{'s' if trap_world != 1 else ''}"
+    resumption': so on the world size that saved it only; on any other, after a conversion (its figures are printed
+    beside the sentence by `describe_conversion`, so they are not repeated). `refused`: whether DeepSpeed's
+    loader stopped on `trap_world` ranks."""
+    n = manifest["source_world_size"]
+    ranks = counted(trap_world, "rank")
     return (f"The principle calls a partitioned checkpoint optimal for training resumption. That holds on the {n} "
             f"ranks that saved it only: there each rank loads its own files as they are. "
             + (f"DeepSpeed's loader refused it on {ranks} (section 3). " if refused else "")
-            + f"On any other number of ranks it must first be converted: here that took {c['seconds']:.1f} s and "
-            f"wrote a copy {c['bytes'] / c['source_bytes']:.2f}x the checkpoint's bytes "
-            f"({c['source_bytes'] / 2**20:.1f} MiB became {c['bytes'] / 2**20:.1f} MiB).")
+            + "On any other number of ranks it must first be converted into the universal copy, whose seconds and "
+            "bytes the line above gives (what those bytes are: below the figure).")
 
 
 def universal_sentence(copy: dict[str, Any], source: dict[str, Any], elements: int, folders: int,
@@ -122,7 +130,7 @@ def loss_differences(base: Any, runs: dict[int, Any], floor: float = 1e-9) -> di
     """Per resumed run, |its loss - the uninterrupted run's| at each step both logged, raised to `floor` so that an
     exact match still shows on a log scale."""
     by_step = dict(zip(base.steps, base.losses))
-    return {f"resumed on {n} rank(s)": ([s for s in run.steps if s in by_step],
+    return {f"resumed on {counted(n, 'rank')}": ([s for s in run.steps if s in by_step],
                                         [max(abs(loss - by_step[s]), floor) for s, loss in zip(run.steps, run.losses)
                                          if s in by_step])
             for n, run in runs.items()}

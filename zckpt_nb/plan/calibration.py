@@ -29,10 +29,10 @@ def records_sentence(records: list[dict[str, Any]]) -> str:
         repeats = sorted({len(r.get("repeat_seconds") or [0]) for r in mine})
         modes = len({r["mode"] for r in mine})
         each = "measured once" if repeats == [1] else f"the median of {' or '.join(map(str, repeats))} repeats"
-        name = f"this machine (host {machine})" if machine == platform.node() else machine
-        lines.append(f"{name}: " + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
+        name = "the machine running this notebook" if machine == platform.node() else machine
+        lines.append(f"Measured saves on {name}: " + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
                      + f"; {modes} save mode{'s' * (modes != 1)}, {len(mine)} records (every rank), each {each}")
-    return "Measured saves: " + ". ".join(lines) + "."
+    return ". ".join(lines) + "."
 
 
 ON_ALL_RANKS = ("partitioned", "gathered16", "per_param")  # the saves; offline and hf run in one process

@@ -19,6 +19,8 @@ MIB = 2**20
 # notebook 09's defaults, which its exercises' answers compare against
 DEFAULT_SIZES = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 DEFAULT_WRITE_GBPS, DEFAULT_FS_CAP_GBPS = 2.0, 500.0
+# the values its exercises ask the learner to set, which the answers give at the defaults too
+EXERCISE_SIZES, EXERCISE_FS_CAP_GBPS = (24, 48, 96), 50.0
 
 
 def default_timeouts() -> dict[str, float]:
@@ -178,33 +180,48 @@ def bandwidth_note(rows: list[dict[str, Any]], plan_rows: list[dict[str, Any]], 
 
 
 def cap_answer(rows: list[dict[str, Any]], cap_gbps: float, default_rows: list[dict[str, Any]],
-               default_cap: float = DEFAULT_FS_CAP_GBPS) -> str:
-    """Exercise: from which node count the cap sets the partitioned save's time, against the default cap's."""
+               default_cap: float = DEFAULT_FS_CAP_GBPS, exercise_rows: list[dict[str, Any]] | None = None,
+               exercise_cap: float = EXERCISE_FS_CAP_GBPS) -> str:
+    """Exercise: from which node count the cap sets the partitioned save's time, against the default cap's; at the
+    default cap, what the exercise's cap gives (`exercise_rows`: `filesystem_rows` at `exercise_cap`)."""
     def knee(found: list[dict[str, Any]], cap: float) -> str:
         capped = [r for r in found if r["uncapped GB/s"] > cap]
         if not capped:
             return f"never, up to {found[-1]['nodes']} nodes"
         return f"from {capped[0]['nodes']} nodes (N = {capped[0]['N']:,}) on, at {capped[0]['capped s']:.3g} s a save"
     if cap_gbps == default_cap:
+        then = (f"with the exercise's FS_CAP_GBPS = {exercise_cap:g} it would set the time "
+                f"{knee(exercise_rows, exercise_cap)}"
+                if exercise_rows else f"set FS_CAP_GBPS = {exercise_cap:g} to see the cap bite earlier")
         return (f"At the default cap of {default_cap:g} GB/s the filesystem sets the time {knee(rows, cap_gbps)}; "
-                "set FS_CAP_GBPS = 50 to see the cap bite earlier.")
+                f"{then}.")
     return (f"With FS_CAP_GBPS = {cap_gbps:g} the filesystem, not the nodes, sets the partitioned save's time "
             f"{knee(rows, cap_gbps)}; at the default {default_cap:g} GB/s it did so {knee(default_rows, default_cap)}. "
             f"A cap {default_cap / cap_gbps:.3g}x lower makes the capped save {default_cap / cap_gbps:.3g}x longer.")
 
 
-def pinned_answer(rows: list[dict[str, Any]], default_rows: list[dict[str, Any]]) -> str:
-    """Exercise: how much the power-of-two rounding adds at these world sizes, against the default sizes'."""
+def pinned_answer(rows: list[dict[str, Any]], default_rows: list[dict[str, Any]],
+                  exercise_rows: list[dict[str, Any]] | None = None) -> str:
+    """Exercise: how much the power-of-two rounding adds at these world sizes, against the default sizes'; at the
+    default sizes, what the exercise's sizes give (`exercise_rows`: `pinned_rows` at `EXERCISE_SIZES`)."""
     def spread(found: list[dict[str, Any]]) -> str:
         low, high = min(r["rounding"] for r in found), max(r["rounding"] for r in found)
         return f"{high:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%} to {high:.0%}"
-    sizes = ", ".join(str(r["N"]) for r in rows)
-    worst = max(rows, key=lambda r: r["rounding"])
-    said = (f"At N = {sizes} the rounding adds {spread(rows)} (at most at N = {worst['N']}: "
-            f"{worst['shard MiB']:,.0f} MiB of shard reserve {worst['pinned MiB']:,.0f} MiB)")
+    def named(found: list[dict[str, Any]]) -> str:
+        return (", ".join(str(r["N"]) for r in found) if len(found) <= 4 else
+                f"{found[0]['N']} to {found[-1]['N']}, {len(found)} sizes")
+
+    def at(found: list[dict[str, Any]]) -> str:
+        worst = max(found, key=lambda r: r["rounding"])
+        return (f"at N = {named(found)} the rounding adds {spread(found)} (at most at N = {worst['N']}: "
+                f"{worst['shard MiB']:,.0f} MiB of shard reserve {worst['pinned MiB']:,.0f} MiB)")
+    said = at(rows)
+    said = said[0].upper() + said[1:]
     if [r["N"] for r in rows] == [r["N"] for r in default_rows]:
-        return said + "; these are the default sizes: set SIZES = [24, 48, 96] to compare."
+        return said + ("; these are the default sizes. With the exercise's SIZES = "
+                       f"{list(EXERCISE_SIZES)}, {at(exercise_rows)}." if exercise_rows else
+                       f"; these are the default sizes: set SIZES = {list(EXERCISE_SIZES)} to compare.")
     return (said + f", against {spread(default_rows)} at the default sizes "
-            f"({', '.join(str(r['N']) for r in default_rows)}). Halving N doubles every buffer, so at powers of two "
+            f"({named(default_rows)}). Halving N doubles every buffer, so at powers of two "
             "each buffer sits at the same place between two powers of two and the rounding is one figure; other N "
             "land elsewhere.")

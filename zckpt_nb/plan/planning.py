@@ -146,14 +146,15 @@ def seconds(s: float) -> str:
 
 
 def in_seconds(s: float) -> str:
-    """A duration in seconds to 3 significant figures, for a column headed (s): 0.000753, 9.31, 1,230."""
-    return f"{float(f'{s:.3g}'):,g}" if s >= 1e-4 else f"{s:.1e}"
+    """A duration in seconds to 3 decimals, for a column headed (s) and for the terms beside it: 0.753, 9.310,
+    1,230.000; '< 0.001' below a millisecond, so one quantity reads in one unit and one precision."""
+    return f"{s:,.3f}" if s >= 5e-4 else "< 0.001"
 
 
 def why(row: dict[str, Any]) -> str:
-    """A mode's stall and its largest term."""
+    """A mode's stall and its largest term, in seconds."""
     term, s = max(row["terms"].items(), key=lambda kv: kv[1])
-    return f"{row['mode']} {seconds(row['stall s'])} (largest term: {term}, {seconds(s)})"
+    return f"{row['mode']} {in_seconds(row['stall s'])} s (largest term: {term}, {in_seconds(s)} s)"
 
 
 def verdict(rows: list[dict[str, Any]], bw: Bandwidths) -> str:
@@ -167,7 +168,7 @@ def verdict(rows: list[dict[str, Any]], bw: Bandwidths) -> str:
     return (f"At N = {rows[0]['N']} with write {bw.write_gbps:g} GB/s, read {bw.read_gbps:g} GB/s, network "
             f"{bw.net_gbps:g} GB/s, {latency} and {files}, {saves[0]['mode']} stalls training least: "
             + "; ".join(map(why, saves)) + ". "
-            f"A consolidated model is on disk soonest with {whole[0]['mode']} ({seconds(whole[0]['durable s'])}"
+            f"A consolidated model is on disk soonest with {whole[0]['mode']} ({in_seconds(whole[0]['durable s'])} s"
             + (", the partitioned save and then the conversion off the training path, which needs "
                f"{offline['rank 0 extra peak B'] / GIB:.3g} GiB of memory in one process)" if whole[0] is offline
                else ")") + ". Only the partitioned save (which the offline route starts from) can resume training: "
@@ -175,13 +176,45 @@ def verdict(rows: list[dict[str, Any]], bw: Bandwidths) -> str:
 
 
 def plan_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plan rows as a table a person reads: one unit per column (GiB to 3 decimals, seconds to 3 significant
-    figures), the time terms each with its own unit."""
+    """Plan rows as a table a person reads: one unit per column (GiB to 3 decimals), every duration in seconds to 3
+    decimals, the terms as the stall and durable columns."""
     return [{"N": r["N"], "mode": r["mode"], "rank 0 writes GiB": f"{r['rank 0 writes B'] / GIB:.3f}",
              "rank 0 extra peak GiB": f"{r['rank 0 extra peak B'] / GIB:.3f}",
-             "terms": "; ".join(f"{k} {seconds(v)}" for k, v in r["terms"].items()),
+             "terms (s)": "; ".join(f"{k} {in_seconds(v)}" for k, v in r["terms"].items()),
              "stall (s)": in_seconds(r["stall s"]), "to durable (s)": in_seconds(r["durable s"]),
              "resumes training": r["resumable"]} for r in rows]
+
+
+def trend(points: list[tuple[int, float]]) -> str:
+    """'rise', 'fall' or 'stay level' (within 10%) from the smallest N's value to the largest N's."""
+    first, last = min(points)[1], max(points)[1]
+    return "rise" if last > 1.1 * first else "fall" if last < first / 1.1 else "stay level"
+
+
+def sweep_sentence(rows: list[dict[str, Any]], measured: list[dict[str, Any]]) -> str:
+    """How the stalls measured on rank 0 (figure's right panel) move with N against the plan's lines of their model
+    and mode over the same N, and how far above or below those lines they sit, in plain words."""
+    said, ratios = [], []
+    planned = {(p["model"], p["mode"], p["N"]): p["stall s"] for p in rows}
+    for model in dict.fromkeys(p["model"] for p in rows):
+        for mode in ("partitioned", "gathered16"):
+            hits = [r for r in measured if r["rank"] == 0 and (model, mode, r["world_size"]) == (
+                r["model"], r["mode"], r["world_size"]) and (model, mode, r["world_size"]) in planned]
+            ns = sorted({r["world_size"] for r in hits})
+            if len(ns) < 2:
+                continue
+            ratios += [r["seconds"] / planned[model, mode, r["world_size"]] for r in hits]
+            seen = trend([(r["world_size"], r["seconds"]) for r in hits])
+            line = trend([(n, planned[model, mode, n]) for n in ns])
+            said.append(f"{model} {mode}'s measured stalls {seen} from N = {ns[0]} to {ns[-1]} where the plan's line "
+                        + ("does too" if seen == line else "stays level" if line == "stay level" else line + "s"))
+    if not said:
+        return "Too few measured saves at two or more world sizes to compare with the plan's lines."
+    place = ("above" if min(ratios) > 1 else "below" if max(ratios) < 1 else "on both sides of")
+    return ("In the right panel, " + "; ".join(said) + f". The measured markers sit {place} the planned lines, at "
+            f"{min(ratios):.1f}x to {max(ratios):.1f}x the planned seconds: the plan's bandwidths alone leave out "
+            "fixed costs (Python's work per tensor, collective latency, opening files) and the ranks sharing the "
+            "machine's cores, which section 4 fits.")
 
 
 def sweep(names: list[str], sizes: list[int], bw: Bandwidths, dtype: str = "bf16",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from zckpt_nb.plan.interval import Loss
 from zckpt_nb.ui.plots import add_caption
@@ -21,5 +22,9 @@ def plot_lost_time(curves: dict[str, list[Loss]], *, title: str, caption: str) -
         ax.plot(best.interval, 100 * best.total, "o", color=line.get_color())
     ax.set(xscale="log", yscale="log", title=title, xlabel="seconds of training between saves (s, log scale)",
            ylabel="time lost (% of wall time, log)")
+    # plain percentages, not powers of ten, on the log axis; on a short axis also 2 and 5 times each power of ten
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+    between = FuncFormatter(lambda v, _: f"{v:g}%" if f"{v:.0e}"[0] in "25" else "")
+    ax.yaxis.set_minor_formatter(between if ax.get_ylim()[1] / ax.get_ylim()[0] < 100 else NullFormatter())
     ax.legend(loc="upper center")  # between the curves' two ends, which rise away from the minimum
     return add_caption(fig, caption)

@@ -25,12 +25,16 @@ def add_caption(fig: Figure, caption: str) -> Figure:
 
 
 def plot_losses(curves: dict[str, tuple[Sequence[int], Sequence[float]]], *, title: str, caption: str,
-                ref: float | None = None, ylabel: str = "training loss (nats per token)") -> Figure:
-    """Training loss (or another per-step figure, `ylabel`) against step for one or more runs; `ref`: ln(vocab)."""
+                ref: float | None = None, ylabel: str = "training loss (nats per token)",
+                first_color: int = 0) -> Figure:
+    """Training loss (or another per-step figure, `ylabel`) against step for one or more runs; `ref`: ln(vocab).
+    The first curve is drawn thick as the reference, unless `first_color` > 0: then the curves are the runs after
+    the reference of an earlier plot, drawn alike in colours C{first_color}, ... so each run keeps its colour."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (name, (steps, losses)) in enumerate(curves.items()):
-        style = {"lw": 3, "alpha": 0.35} if i == 0 else {"lw": 1.2, "ls": "--", "marker": ".", "ms": 3}
-        ax.plot(steps, losses, label=name, **style)
+        style = ({"lw": 3, "alpha": 0.35} if i == 0 and not first_color else
+                 {"lw": 1.2, "ls": "--", "marker": ".", "ms": 3})
+        ax.plot(steps, losses, label=name, color=f"C{i + first_color}", **style)
     if ref is not None:
         ax.axhline(ref, color="grey", ls=":", label=f"ln(vocab) = {ref:.2f}")
     ax.set(title=title, xlabel="optimizer step (count)", ylabel=ylabel)
@@ -196,7 +200,7 @@ def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: st
               ("gathered16", "rank 0 extra peak B", "measured_extra_peak_bytes", "Rank 0's extra peak, gathered save",
                "extra peak memory (B)"),
               ("partitioned", "stall s", "seconds", "Training stall of a save", "stall (s)")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
     models = list(dict.fromkeys(r["model"] for r in rows))
     for ax, (mode, key, measured_key, name, ylabel) in zip(axes, panels):
         for i, model in enumerate(models):
@@ -211,7 +215,10 @@ def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: st
                     ax.scatter(*zip(*hits), marker=marker, s=60, color="black", zorder=3,
                                label=f"{model}, {m}, measured")
         ax.set(title=name, xlabel="world size N (ranks)", ylabel=ylabel, xscale="log", yscale="log")
-        ax.legend(fontsize=6, ncol=2 if key == "stall s" else 1)
+        if key == "stall s":  # its lines fill the panel: the legend goes beside it, over no line
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        else:
+            ax.legend(fontsize=6)
     fig.suptitle(title)
     fig.tight_layout()
     return add_caption(fig, caption)
