@@ -56,3 +56,14 @@ def test_the_route_table_has_at_most_eight_columns_one_format_each():
     rows = consolidation.route_table(bf16)
     assert len(rows[0]) <= 8 and all(isinstance(v, str) for v in rows[0].values())
     assert rows[0]["all-gathered / model"] == f"{2**21 / (num_params * 2):.2f}"
+
+
+def test_a_gloo_line_loses_its_source_folders_and_is_cut_between_words(tmp_path):
+    gloo = ("zckpt_nb.train: error: rank 0: save stopped (RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+            "transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:31937); every rank stops")
+    long = "waiting for ranks that never joined " * 9
+    write_log(tmp_path, {0: [gloo], 1: ["zckpt_nb.train: error: rank 1: " + long]})
+    report = failure_report(LaunchError("job 'train' failed (exit code 1)"), tmp_path, width=120).splitlines()
+    assert "(RuntimeError: [pair.cc:553] Connection closed by peer" in report[1] and "__w" not in report[1]
+    kept = report[2].removeprefix("  rank 1: ").removesuffix("...")
+    assert report[2].endswith("...") and long.startswith(kept + " "), report[2]  # cut between two words

@@ -41,7 +41,8 @@ def test_scaling_verdict_follows_the_measured_shares():
 def test_whole_model_verdict_names_the_runs_that_held_everything():
     assert claims.whole_model_sentence([row(2, 500), row(4, 250)]).startswith("No rank held the whole model")
     text = claims.whole_model_sentence([row(1, 1000), row(2, 1500, persistent_numel=1000, threshold=10**5)])
-    assert "N = 1, threshold 0: the only rank owns every slice" in text and "N = 2, threshold 100,000" in text
+    assert "With N = 1 and threshold 0, the only rank owns every slice" in text
+    assert "With N = 2 and threshold 100,000, each rank held 1,500 elements, more than P = 1,000" in text
 
 
 def test_agreement_verdict_follows_the_agreement_table():

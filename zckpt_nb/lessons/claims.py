@@ -54,11 +54,12 @@ def whole_model_sentence(rows: list[dict[str, Any]]) -> str:
         top = max(rows, key=lambda r: r["held per rank"] / r["P"])
         return (f"No rank held the whole model in any run: the largest share was {top['held per rank']:,} of "
                 f"P = {top['P']:,} elements ({top['held per rank'] / top['P']:.1%}, N = {top['N']}).")
-    why = [f"N = {r['N']}, threshold {r['threshold']:,}: " +
-           ("the only rank owns every slice" if r["N"] == 1 else
-            f"each rank held {r['held per rank']:,} > P, its {r['held per rank'] - r['persistent per rank']:,} "
-            f"slice plus {r['persistent per rank']:,} elements of persistent tensors kept whole") for r in whole]
-    return f"A rank held at least all P = {whole[0]['P']:,} elements in " + "; ".join(why) + "."
+    return " ".join(
+        f"With N = 1 and threshold {r['threshold']:,}, the only rank owns every slice, so it held all P = "
+        f"{r['P']:,} elements." if r["N"] == 1 else
+        f"With N = {r['N']} and threshold {r['threshold']:,}, each rank held {r['held per rank']:,} elements, more "
+        f"than P = {r['P']:,}: its slice of {r['held per rank'] - r['persistent per rank']:,} plus "
+        f"{r['persistent per rank']:,} elements of persistent tensors kept whole." for r in whole)
 
 
 def save_comm_sentence(rows: list[dict[str, Any]]) -> str:

@@ -207,8 +207,8 @@ def seed_vs_measured(costs: list[dict[str, Any]], num_params: int, param_bytes: 
 
 
 def heap_mib(cost: dict[str, Any]) -> str:
-    """A record's extra peak heap as '+x MiB'."""
-    return f"+{mib(cost.get('heap_extra_peak_bytes') or 0)}"
+    """A record's extra peak heap as '+x.x MiB' (one decimal, as `ROUTE_COLUMNS` shows heap)."""
+    return f"+{(cost.get('heap_extra_peak_bytes') or 0) / 2**20:,.1f} MiB"
 
 
 def partitioned_line(by_rank: dict[int, dict[str, Any]], num_params: int) -> str:
@@ -424,6 +424,21 @@ def partitioned_comm_sentence(costs: list[dict[str, Any]], summary: list[dict[st
             "synchronisation point, and a rank that skips it hangs the others (notebook 05).")
 
 
+def regathered_clause(costs: list[dict[str, Any]], more: float) -> str:
+    """Why route 1 gathered more than route 2, when it did: the gathers it ran beyond route 2's."""
+    extra = (gather_count(costs, "gathered16") - gather_count(costs, "per_param"))
+    if more < 0.01 or extra <= 0:
+        return ""
+    return (f" (its {extra} extra all-gather{'s' * (extra != 1)} of {more:.2f} x the model: DeepSpeed gathers module "
+            "by module, so a weight shared by two modules, GPT-2's embedding under `lm_head`, is gathered under each; "
+            "route 2 walks `named_parameters()`, which lists it once)")
+
+
+def gather_count(costs: list[dict[str, Any]], mode: str) -> int:
+    """How many all-gathers rank 0 ran in a route's save."""
+    return last_per_rank(costs, mode)[0]["comm_ops"].get("all_gather_into_tensor", {}).get("count", 0)
+
+
 def principle_sentences(costs: list[dict[str, Any]], summary: list[dict[str, Any]]) -> list[str]:
     """Where the principle's table is right and where it is imprecise, from this run's records."""
     by = {r["route"]: r for r in summary}
@@ -436,6 +451,7 @@ def principle_sentences(costs: list[dict[str, Any]], summary: list[dict[str, Any
         + (" (parameters kept whole by `stage3_param_persistence_threshold` need no gather)"
            if pp["all-gathered / model"] < 0.99 else "")
         + f"; route 1 all-gathered {g16['all-gathered / model']:.2f} x and broadcast {g16['broadcast / model']:.2f} x"
+        + regathered_clause(costs, g16["all-gathered / model"] - pp["all-gathered / model"])
         + (": a second cost the table does not name (DeepSpeed 0.19.8 broadcasts every gathered tensor back from "
            "rank 0)." if g16["broadcast / model"] > 0 else "."),
         "**It puts the offline conversion and the export under \"all-gather\"**: they logged "
@@ -476,19 +492,29 @@ def logits_sentence(check: dict[str, Any]) -> str:
     why = ("fp32 on both sides: at most the order of additions differs" if check["dtype"] == "fp32" else
            "bf16 keeps 8 significant bits, so two forward passes that round in different places differ by a few "
            "units of the last bit of the largest logit")
-    return (f"The reloaded model, in {check['dtype']} like the engine, gives logits {logits_agreement(check)} the "
-            f"engine's on the same batch, {'inside' if check['within'] else 'OUTSIDE'} the tolerance of "
-            f"{check['tolerance']:.1e} ({why}).")
+    said = (f"The reloaded model, in {check['dtype']} like the engine, gives logits {logits_agreement(check)} the "
+            "engine's on the same batch")
+    if check["max_abs_diff"] == 0:
+        return said + "."
+    return (f"{said}, {'inside' if check['within'] else 'OUTSIDE'} the tolerance of {check['tolerance']:.1e} "
+            f"({why}).")
 
 
-def export_memory_sentence(heap_extra: int | None, rows: list[dict[str, Any]], model_bytes: int) -> str:
-    """The export's heap against its resident memory (the row with the highest peak, as `memory_verdict` gives it)."""
+def export_memory_sentence(heap_extra: int | None, rows: list[dict[str, Any]], model_bytes: int,
+                           kernel_rss: int | None = None) -> str:
+    """The export's heap against its resident memory (the row with the highest peak, as `memory_verdict` gives it),
+    and, given `kernel_rss`, why section 5's rise in the kernel differs from this one in a process of its own."""
     export = max((r for r in rows if r["route"] == "export"), key=lambda r: r["(peak - baseline) / model"])
     rss, ratio = export["above baseline MiB"], export["(peak - baseline) / model"]
     heap = (heap_extra or 0) / 2**20
     model = model_bytes / 2**20
-    return (f"The export's heap rose {heap:.1f} MiB ({heap / model:.2f} x the {model:.1f} MiB model): it builds "
+    kernel = ("" if kernel_rss is None else
+              f" (section 5's +{kernel_rss / 2**20:.2f} MiB was measured in this kernel, against what the kernel "
+              "held when the export began, libraries loaded and memory freed by earlier work included; here the "
+              "export is a fresh process, against a fresh one that only imports what it imports)")
+    return (f"The export's heap rose {heap:.1f} MiB ({heap / model:.2f} x the {model:.2f} MiB model): it builds "
             f"{'no tensor' if heap < 0.25 * model else 'tensors'} in memory. Its resident memory rose {rss} MiB above "
-            f"the baseline ({ratio} x the model): the pages of the rank files it maps count while it reads them, so "
+            f"the baseline{kernel} ({ratio:.2f} x the model): the pages of the rank files it maps count while it "
+            "reads them, so "
             + ("what the operating system sees grows with what it reads, not with what it allocates."
                if ratio > 0.25 else "its resident memory stayed small too."))

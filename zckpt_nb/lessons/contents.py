@@ -78,7 +78,7 @@ def bf16_sentence(rows: list[dict[str, Any]], num_params: int) -> str:
     same = size_words(bf16["total (MiB)"], fp32["total (MiB)"])
     return (f"The bf16 checkpoint ({bf16['total (MiB)']:.3f} MiB) is {same} the fp32 one ({fp32['total (MiB)']:.3f} "
             f"MiB): both "
-            f"hold fp32 tensors only, {per['bf16']:.1f} bytes per parameter in the bf16 run and {per['fp32']:.1f} in "
+            f"hold fp32 tensors only, {per['bf16']:.4f} bytes per parameter in the bf16 run and {per['fp32']:.4f} in "
             f"the fp32 run: the fp32 master "
             f"weights and Adam's two fp32 moments. The bf16 working copy the forward pass used is not saved at all "
             f"(`load_checkpoint` rebuilds it from the masters); DeepSpeed only renames the optimizer files "
@@ -117,8 +117,11 @@ def restored(loads: dict[str, Any]) -> dict[str, dict[str, bool | None]]:
 
 
 def optimizer_rows(loads: dict[str, Any]) -> list[dict[str, Any]]:
-    """What each load set the optimizer and the scheduler to, against the run that saved."""
-    return [{"load": "(the run that saved, fp32)" if name == "saved" else load_label(name),
+    """What each load set the optimizer and the scheduler to, against the run that saved; the frozen loads come from
+    their own run, whose moments cover its trainable weights only, so their sums compare with each other alone."""
+    own = " (its own run: moments of the trainable weights only)"
+    return [{"load": "(the run that saved, fp32)" if name == "saved" else load_label(name) + own * name.startswith(
+                 "frozen"),
              "engine.global_steps": loads[name]["global_steps"], "LR": f"{loads[name]['lr']:.4f}",
              "Adam's step": loads[name]["adam_step"], "sum of abs(exp_avg)": f"{loads[name]['exp_avg_abs_sum']:.3f}"}
             for name in ("saved", *LOADS)]
@@ -126,7 +129,7 @@ def optimizer_rows(loads: dict[str, Any]) -> list[dict[str, Any]]:
 
 def back(diff: float) -> str:
     """A weight difference after a load, in words."""
-    return "came back exactly" if diff == 0 else f"did not come back (largest difference {diff:.3g})"
+    return "came back exactly" if diff == 0 else f"did not come back (largest difference {diff:.3f})"
 
 
 def excluded_sentence(loads: dict[str, Any]) -> str:
@@ -148,9 +151,9 @@ def fine_tune_sentence(loads: dict[str, Any]) -> str:
     no_opt, module_only, full = (loads[k] for k in (WARM_START, "load_module_only=True",
                                                     "full resume"))
     return (f"A full resume restores the weights, Adam's step ({full['adam_step']}) and moments and the LR "
-            f"({full['lr']:.3g}). With `load_optimizer_states=False, load_lr_scheduler_states=False` the weights "
+            f"({full['lr']:.4f}). With `load_optimizer_states=False, load_lr_scheduler_states=False` the weights "
             f"{back(no_opt['trainable_max_diff'])}, while Adam starts fresh (step {no_opt['adam_step']}, moments "
-            f"{no_opt['exp_avg_abs_sum']:.3g}) and so does the LR schedule (LR {no_opt['lr']:.3g}); "
+            f"{no_opt['exp_avg_abs_sum']:.3f}) and so does the LR schedule (LR {no_opt['lr']:.4f}); "
             f"`engine.global_steps` still says {no_opt['global_steps']}. With `load_module_only=True` the weights "
             f"{back(module_only['trainable_max_diff'])}"
             + (": under ZeRO-3 the module file holds no weights, only placeholders, so this warm start silently "

@@ -108,7 +108,7 @@ def memory_summary(records: list[dict[str, Any]], base: dict[str, float], model_
             wall, peak = (statistics.median(r[k] for r in mine) for k in ("wall", "peak"))
             largest = max(r["largest_shard"] for r in mine)
             goal = memory_goal(base["peak"], largest)
-            rows.append({"route": route, "--max_shard_size": size, "runs": len(mine), "wall s": round(wall, 2),
+            rows.append({"route": route, "--max_shard_size": size, "runs": len(mine), "wall s": f"{wall:.2f}",
                          "peak RSS MiB": round(peak / 2**20),
                          "above baseline MiB": round((peak - base["peak"]) / 2**20),
                          "largest shard MiB": round(largest / 2**20),
@@ -122,11 +122,12 @@ def memory_summary(records: list[dict[str, Any]], base: dict[str, float], model_
 def memory_verdict(rows: list[dict[str, Any]], size: str) -> str:
     """One sentence per shard size from `summary`'s rows: each route's peak and time, and which held less."""
     z, e = (next(r for r in rows if r["route"] == route and r["--max_shard_size"] == size) for route in ROUTES)
-    lower = "the export" if e["peak RSS MiB"] < z["peak RSS MiB"] else "zero_to_fp32.py"
+    lower = ("Both peaked equally high." if e["peak RSS MiB"] == z["peak RSS MiB"] else
+             f"{'The export' if e['peak RSS MiB'] < z['peak RSS MiB'] else 'zero_to_fp32.py'} peaked lower.")
     return (f"`--max_shard_size {size}` (largest output file {e['largest shard MiB']} MiB): zero_to_fp32.py peaked "
-            f"{z['above baseline MiB']} MiB above the baseline ({z['(peak - baseline) / model']} x the model) in "
-            f"{z['wall s']} s; the export {e['above baseline MiB']} MiB ({e['(peak - baseline) / model']} x) in "
-            f"{e['wall s']} s ({e['wall / zero_to_fp32.py']} x the time). The lower peak: {lower}.")
+            f"{z['above baseline MiB']} MiB above the baseline ({z['(peak - baseline) / model']:.2f} x the model) in "
+            f"{z['wall s']} s; the export {e['above baseline MiB']} MiB ({e['(peak - baseline) / model']:.2f} x) in "
+            f"{e['wall s']} s ({e['wall / zero_to_fp32.py']:.2f} x the time). {lower}")
 
 
 NOISE_MIB = 2  # peaks sampled every 20 ms and rounded to whole MiB: a change of 2 MiB or less is a tie
@@ -136,8 +137,11 @@ def shard_size_answer(rows: list[dict[str, Any]]) -> str:
     """Exercise: whether each route's peak followed `--max_shard_size`, every size against the first one measured."""
     sizes = list(dict.fromkeys(r["--max_shard_size"] for r in rows))
     if len(sizes) < 2:
-        return (f"Only `--max_shard_size {sizes[0]}` was measured: put two sizes in SHARD_SIZES (for example "
-                "[\"5GB\", \"1MB\"]) and run again; this answer then compares their peaks.")
+        peak = {r["route"]: r["above baseline MiB"] for r in rows}
+        return (f"Only `--max_shard_size {sizes[0]}` was measured: zero_to_fp32.py peaked {peak['zero_to_fp32.py']} "
+                f"MiB and the export {peak['export']} MiB above the baseline, the figures to compare with. Put two "
+                "sizes in SHARD_SIZES (for example [\"5GB\", \"1MB\"]) and run again: this answer then compares "
+                "their peaks.")
     first, lines = sizes[0], []
     for route in ROUTES:
         peak = {r["--max_shard_size"]: r["above baseline MiB"] for r in rows if r["route"] == route}

@@ -184,11 +184,11 @@ def predicted_for(pred: Prediction, mode: str, rank: int) -> dict[str, int]:
             "predicted_comm_ops": part["ops"], "predicted_extra_peak_bytes": extra}
 
 
-def format_prediction(pred: Prediction) -> str:
-    """A short human-readable summary of a prediction."""
+def format_prediction(pred: Prediction, consolidated: bool = True) -> str:
+    """A short human-readable summary of a prediction; `consolidated=False` leaves out the gathered saves' lines."""
     mib = 2**20
     part, gath = pred.partitioned, pred.gathered
-    return "\n".join([
+    lines = [
         f"{pred.model}: P = {pred.num_params:,} in {pred.num_tensors} tensors, N = {pred.world_size}, {pred.dtype}, "
         f"stage3_param_persistence_threshold {pred.persistence_threshold:,}",
         f"  each rank owns a slice of {pred.slice_numel:,} elements "
@@ -204,11 +204,13 @@ def format_prediction(pred: Prediction) -> str:
         + f"; collectives {part['comm_bytes_per_rank']:,}"
         f" bytes per rank ({part['tag_check_bytes_per_rank']} for the tag check, DeepSpeed's check that every rank "
         f"saves under the same tag; {part['regather_bytes_per_rank']:,} to gather the persistent tensors again)",
+    ]
+    return "\n".join(lines + [
         f"  gathered save (save_16bit_model): all-gather {gath['allgather_bytes_per_rank']:,} + broadcast "
         f"{gath['broadcast_bytes_per_rank']:,} bytes logged per rank, rank 0 extra peak "
         f"{gath['rank0_extra_peak_bytes']:,} bytes, writes {gath['written_bytes']:,} bytes",
         f"  per-parameter gather: all-gather {pred.per_param['allgather_bytes_per_rank']:,} bytes logged per rank",
-    ])
+    ] * consolidated)
 
 
 def file_bytes(name: str, n: int, *, steps: int = 5, seed: int = 0, persistence_threshold: int = 0,

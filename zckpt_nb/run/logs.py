@@ -58,13 +58,27 @@ def rank_error_line(lines: list[str]) -> str:
     return raised[-1] if raised else "printed no error (stopped from outside: killed, or ended by torchrun)"
 
 
-def failure_report(err: Exception, output_dir: str | Path, width: int = 200) -> str:
-    """A failed job in N + 2 lines: the outcome, each rank's own error line (from DIR/launch.log, cut to `width`),
+SOURCE_PATH = re.compile(r"\[/[^\]\s]*/([\w.]+:\d+)\] ")  # gloo's "[/__w/pytorch/.../tcp/pair.cc:553] "
+
+
+def short_line(line: str, width: int) -> str:
+    """`line` without a C++ source path's folders ("[pair.cc:553] "), cut to `width` at a word boundary if one
+    lies in its second half."""
+    line = SOURCE_PATH.sub(r"[\1] ", line)
+    if len(line) <= width:
+        return line
+    cut = line[:width - 3]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut) + "..."
+
+
+def failure_report(err: Exception, output_dir: str | Path, width: int = 300) -> str:
+    """A failed job in N + 2 lines: the outcome, each rank's own error line (from DIR/launch.log, `short_line`),
     and the path of the full log; what `failure_summary` does, rank by rank, for any failure (timeouts too)."""
     log = Path(output_dir) / "launch.log"
     found = rank_lines(output_dir, last=10**6) if log.is_file() else {}
     lines = [str(err).splitlines()[0]]
     for who, printed in found.items():
         line = rank_error_line(printed).removeprefix(f"{who}: ")  # the worker's own lines start with the rank too
-        lines.append(f"  {who}: {line if len(line) <= width else line[:width - 3] + '...'}")
+        lines.append(f"  {who}: {short_line(line, width)}")
     return "\n".join(lines + [f"  every rank's full output: {log}"])

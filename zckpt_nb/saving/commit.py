@@ -11,9 +11,9 @@ half-written checkpoint. Here every rank runs the same sequence of steps and col
    file is hashed while written and fsynced, and a write error is *kept*, not raised, so every rank
    still runs DeepSpeed's own barriers to the end (a rank raising there would leave the others waiting);
 3. agreement: one `all_gather_object` of every rank's files (size, SHA-256) and error;
-4. commit, by the rank that writes the folder (rank 0; each node's local rank 0 with node-local storage, see
-   `zckpt_nb.saving.nodes`): the manifest by temporary file + fsync + rename, then `latest` the same way, each
-   followed by an fsync of the folder;
+4. commit, by the rank that writes the folder (rank 0 when every rank writes to one shared folder;
+   `zckpt_nb.saving.nodes` says who otherwise): the manifest by temporary file + fsync + rename, then `latest`
+   the same way, each followed by an fsync of the folder;
 5. one `all_gather_object` of the committers' errors, so every rank returns the same `SaveOutcome`.
 
 `--keep_last` rotation follows a committed save, outside this protocol (`zckpt_nb.saving.rotation`): it can fail
