@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from zckpt_nb.convert.dcp import RANK_FILES, UNIVERSAL_COPY, to_dcp
+from zckpt_nb.convert.dcp import RANK_FILES, UNIVERSAL_COPY, WrittenFile, to_dcp
 from zckpt_nb.convert.reshard import ensure_universal
 from zckpt_nb.convert.verify import verify_universal
+from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import DCP_KIND, universal_dir
+from zckpt_nb.format.manifest import sha256_file
 from zckpt_nb.run.launch import RunResult, launch, launch_module
 
 STEPS, SWITCH = 60, 20  # the uninterrupted run saves every SWITCH steps; each leg trains SWITCH steps
@@ -128,6 +132,33 @@ def test_to_dcp_refuses_to_replace_a_folder_it_did_not_write(zero_run: RunResult
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "not a DCP checkpoint" in done.stderr
     assert (keep / "notes.txt").read_text() == "keep me"
+
+
+def test_to_dcp_refuses_a_corrupted_rank_file_and_commits_nothing(zero_run: RunResult, tmp_path: Path) -> None:
+    """The rank files are hashed while they are converted: one byte flipped in rank 1's optimizer file is refused,
+    the unfinished folder deleted, and an earlier conversion into the same folder kept whole."""
+    ckpt = Path(shutil.copytree(zero_run.output_dir, tmp_path / "ckpt", ignore=shutil.ignore_patterns("universal")))
+    first = to_dcp(ckpt, tmp_path / "dcp", TAG)
+    optim = next((ckpt / TAG).glob("*rank_1_*optim_states.pt"))
+    data = bytearray(optim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    optim.write_bytes(bytes(data))
+    for out in (tmp_path / "dcp", tmp_path / "fresh"):
+        with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+            to_dcp(ckpt, out, TAG)
+    assert verify_universal(tmp_path / "dcp", kind=DCP_KIND) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "dcp"]  # no `fresh`, no `.converting` folder
+
+
+@pytest.mark.fast
+def test_written_file_hashes_what_it_wrote(tmp_path: Path) -> None:
+    stream, chunks = WrittenFile(tmp_path / "f"), [os.urandom(50_000) for _ in range(4)]
+    for chunk in chunks:
+        assert stream.write(memoryview(chunk)) == len(chunk)
+    assert stream.tell() == sum(map(len, chunks))
+    stream.close()
+    assert (tmp_path / "f").read_bytes() == b"".join(chunks)
+    assert stream.digest() == sha256_file(tmp_path / "f")
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,16 @@ parameter), are written as a `torch.distributed.checkpoint` (DCP) checkpoint und
 
 Full (unsharded) tensors are written; DCP reshards them into DTensors on load, on any world size. The writer streams:
 the state dict holds meta-device placeholders and the planner reads one tensor when DCP asks for it, freeing the one
-before; a frozen parameter's weights come from the model-states files (it has no moments). DCP's `.metadata` is
+before; a frozen parameter's weights come from the model-states files (it has no moments). Every file is hashed as
+it is written (`WrittenFile`) and fsynced; DCP's `.metadata` is
 written last, then the package's manifest over every file, then the folder is renamed into place: committed like
-every other checkpoint here.
+every other checkpoint here. The rank files' SHA-256 is checked against their manifest in a thread meanwhile; the
+output is committed only once every hash matched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -39,7 +42,7 @@ from zckpt_nb.errors import CheckpointError, UsageError
 from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
-from zckpt_nb.format.manifest import FORMAT, elsewhere, read_manifest
+from zckpt_nb.format.manifest import FORMAT, elsewhere, file_record, read_manifest, sha256_file
 from zckpt_nb.measure import meters
 from zckpt_nb.model import model_config
 
@@ -53,22 +56,37 @@ def rss_now() -> int:
     return psutil.Process().memory_info().rss
 
 
-def return_large_frees() -> None:
-    """Have glibc give every freed block of 1 MiB or more back to the kernel at once (a fixed M_MMAP_THRESHOLD).
+M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD = -3, 128 << 10  # glibc's malloc.h; its default, mallopt(3)
 
-    By default glibc raises its mmap threshold after each large free (up to 32 MiB), after which tensors come from
-    its heap, which it keeps: on `large` the writer's RSS rose 0.75-0.9 GiB above its baseline in runs whose source
-    files were cold in the page cache, 0.1 GiB with the threshold fixed. Neither torch nor Python sets this; glibc's
-    mallopt does (no-op elsewhere). It holds for the rest of this process: large tensors are mmapped, as before the
-    first free.
-    """
+
+def set_mmap_threshold(nbytes: int) -> None:
+    """glibc's mallopt(M_MMAP_THRESHOLD, nbytes): blocks of `nbytes` or more are mmapped, and unmapped when freed."""
     import ctypes
     import ctypes.util
 
     try:
-        ctypes.CDLL(ctypes.util.find_library("c")).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (glibc's malloc.h)
+        ctypes.CDLL(ctypes.util.find_library("c")).mallopt(M_MMAP_THRESHOLD, nbytes)
     except (OSError, AttributeError, TypeError):
         pass  # not glibc: its allocator has no such threshold to fix
+
+
+@contextmanager
+def large_frees_returned() -> Iterator[None]:
+    """Within: glibc gives every freed block of 1 MiB or more back to the kernel at once (a fixed M_MMAP_THRESHOLD).
+
+    By default glibc raises its mmap threshold after each large free (up to 32 MiB), after which tensors come from
+    its heap, which it keeps: on `large` the writer's RSS rose 0.75-0.9 GiB above its baseline in runs whose source
+    files were cold in the page cache, 0.1 GiB with the threshold fixed. Neither torch nor Python sets this; glibc's
+    mallopt does (no-op elsewhere). glibc has no getter for the threshold, so on exit it is set back to its documented
+    default, 128 KiB (mallopt(3)), not to what it was: a threshold set through mallopt stays fixed, so glibc's raising
+    of it after large frees stays off in this process (blocks of 128 KiB or more keep being mmapped, as before the
+    first large free of a fresh process).
+    """
+    set_mmap_threshold(1 << 20)
+    try:
+        yield
+    finally:
+        set_mmap_threshold(DEFAULT_MMAP_THRESHOLD)
 
 
 @contextmanager
@@ -84,12 +102,6 @@ def no_zip_crc() -> Iterator[None]:
         config.save.compute_crc32 = crc
 
 
-def model_states(folder: Path) -> dict[str, Any]:
-    """Rank 0's model-states file in a tag folder or a universal copy, read weights-only: names, shapes, ties,
-    frozen parameters, scheduler, client state."""
-    return load(min(folder.glob("zero_pp_rank_*_mp_rank_00_model_states.pt")), mmap=True)
-
-
 def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]:
     """The AdamW param group (without its params) and the step from DeepSpeed's optimizer state (rank 0's optimizer
     file, or the universal copy's optimizer_state.pt: the same dict), memory-mapped: only the step is read."""
@@ -103,10 +115,10 @@ def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]
 class Source:
     """Where to-dcp reads each parameter: the tag's rank files (`shards`) or its universal copy (`folder/zero`)."""
 
-    def __init__(self, folder: Path, budget: int, universal: bool) -> None:
+    def __init__(self, folder: Path, universal: bool) -> None:
         self.folder, self.universal = folder, universal
-        self.shards = ShardReader(folder, budget)  # frozen weights: the model-states files, in both layouts
-        self.states = model_states(folder)
+        self.shards = ShardReader(folder)  # frozen weights: the model-states files, in both layouts
+        self.states = self.shards.states
         self.shapes = {name: shape for group in self.states["param_shapes"] for name, shape in group.items()}
 
     def adam(self) -> tuple[dict[str, Any], Any]:
@@ -177,24 +189,95 @@ def streaming_planner(source: Source, sources: dict[int, tuple[str, str]]) -> An
     return StreamingPlanner()
 
 
-def write_dcp(source: Source, out: Path) -> dict[str, Any]:
-    """Write `source` as a DCP checkpoint into `out` (no process group); seconds and peak RSS."""
+class WrittenFile:
+    """A file DCP writes into, hashed as it is written: the manifest's SHA-256 without reading the file back.
+
+    Reading back and hashing the 1.9 GB DCP writes on `large` took 2.7 s after DCP's final fsync; here the bytes are
+    hashed as they pass (hashlib releases the GIL, so the rank files' check thread runs meanwhile). No DCP option
+    hashes what it writes; its extension point is the `FileSystem` that opens each stream.
+    Measured and not kept: a helper thread fdatasyncing the file every 64 MiB so that the disk writes while the next
+    tensors are gathered made the whole command 2.2x slower on `large` (30.1 s against 13.6 s, same run): DCP's one
+    fsync per file (`sync_files`) stays the only one.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.file, self.sha = open(path, "wb"), hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        """Write and hash `data`."""
+        self.sha.update(data)
+        return self.file.write(data)
+
+    def digest(self) -> str:
+        """SHA-256 of everything written."""
+        return self.sha.hexdigest()
+
+    def tell(self) -> int:
+        """Where the next byte goes (DCP records each item's offset)."""
+        return self.file.tell()
+
+    def fileno(self) -> int:
+        """The file descriptor (DCP fsyncs it)."""
+        return self.file.fileno()
+
+    def flush(self) -> None:
+        """Hand the buffered bytes to the kernel."""
+        self.file.flush()
+
+    def close(self) -> None:
+        """Close the file (DCP fsynced it before); closing twice is harmless."""
+        self.file.close()
+
+
+def hashing_writer(out: Path) -> Any:
+    """DCP's FileSystemWriter into `out`, fsyncing every file (`sync_files`) and writing each through a WrittenFile;
+    its `digests` maps each file's name (as renamed: DCP writes `.metadata` under a temporary name) to its SHA-256."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    digests: dict[str, str] = {}
+
+    class HashingFileSystem(FileSystem):
+        @contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            stream = WrittenFile(Path(path))
+            try:
+                yield stream
+            finally:
+                stream.close()
+            digests[Path(path).name] = stream.digest()
+
+        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+            super().rename(path, new_path)
+            digests[Path(new_path).name] = digests.pop(Path(path).name)
+
+    writer = FileSystemWriter(out, sync_files=True)
+    writer.fs, writer.digests = HashingFileSystem(), digests  # fs: the one the writer opens every file through
+    return writer
+
+
+def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Write `source` as a DCP checkpoint into `out` (no process group), durably; seconds and peak RSS, and each
+    file's SHA-256 by name."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
 
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # no process group is the point
-    return_large_frees()
     meters.reset_rss_high_water()
     baseline, start = rss_now(), time.perf_counter()
     state, sources = dcp_state(source)
-    planner = streaming_planner(source, sources)
-    with no_zip_crc():
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(out, sync_files=True), planner=planner, no_dist=True)
-    planner.release()
+    planner, writer = streaming_planner(source, sources), hashing_writer(out)
+    with large_frees_returned(), no_zip_crc():
+        dcp.save(state, storage_writer=writer, planner=planner, no_dist=True)
+        planner.release()
     source.shards.drop()
     return {"seconds": time.perf_counter() - start, "baseline_rss_bytes": baseline,
-            "peak_rss_bytes": meters.rss_high_water() or 0}
+            "peak_rss_bytes": meters.rss_high_water() or 0}, writer.digests
 
 
 def check_out_dir(out: Path) -> None:
@@ -207,90 +290,116 @@ def largest_state_bytes(ckpt_dir: str | Path, tag: str) -> int:
     """The bound's unit: the largest parameter's fp32 state (weights and both Adam moments; a frozen one's weights
     only), in bytes, read from the tag's rank files or, where it has none, its universal copy."""
     folder = Path(ckpt_dir) / tag
-    states = model_states(folder if any(folder.glob("*_model_states.pt")) else universal_dir(ckpt_dir, tag))
-    trainable = max(int(s.numel()) for group in states["param_shapes"] for s in group.values())
-    frozen = max((int(s.numel()) for s in (states.get("frozen_param_shapes") or {}).values()), default=0)
-    return 4 * max(3 * trainable, frozen)
+    return ShardReader(folder if any(folder.glob("*_model_states.pt")) else universal_dir(ckpt_dir, tag)).unit
 
 
-def checked_while_importing(ckpt_dir: Path, tag: str) -> None:
-    """verify_tag (every rank file's size and SHA-256) in a thread while this one imports torch's DCP and DeepSpeed:
-    hashlib releases the GIL, so the check costs little beyond the imports; nothing is read before it passed."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        check = pool.submit(verify_tag, ckpt_dir, tag)
-        import deepspeed.utils.zero_to_fp32  # noqa: F401  (what the conversion imports next, imported meanwhile)
-        import torch.distributed.checkpoint  # noqa: F401
-        check.result()
+def timed_check(ckpt_dir: Path, tag: str) -> tuple[dict[str, Any], float]:
+    """verify_tag (every rank file's size and SHA-256 against the manifest) and its seconds."""
+    start = time.perf_counter()
+    return verify_tag(ckpt_dir, tag), time.perf_counter() - start
 
 
-def shard_source(ckpt_dir: Path, tag: str, route: str | None) -> Source | None:
-    """The tag's own rank files, checked against its manifest, where to-dcp reads them directly: no universal copy of
-    it is committed yet (unless `route` asks for the rank files), every rank's files are in this folder, and they
-    hold the plain ZeRO-3 layout. Else None, or CheckpointError where `route` asked for them."""
-    if route is None and reusable(ckpt_dir, tag) is not None:
-        return None  # converted already: reading it is the cheaper route
-    manifest = read_manifest(ckpt_dir / tag)
-    if not manifest.get("world_size") or elsewhere(manifest):
-        source = None  # no rank files (from-dcp's output) or one node's part: ensure_universal says what to do
-    else:
-        checked_while_importing(ckpt_dir, tag)
-        source = Source(ckpt_dir / tag, largest_state_bytes(ckpt_dir, tag) // 2, universal=False)
-        if not source.shards.plain():
-            source = None  # another layout (ZeRO-1/2, model parallel): DeepSpeed's ds_to_universal reads it
-    if source is None and route == RANK_FILES:
-        raise CheckpointError(f"{ckpt_dir / tag} has no plain ZeRO-3 rank files here to read; convert it through "
-                              "its universal copy")
-    if source is not None:
-        source.shards.index(source.shapes)
+def plain_source(folder: Path) -> Source | None:
+    """A tag folder's rank files as the source, indexed, where they hold the plain ZeRO-3 layout; else None (ZeRO-1/2,
+    model parallel: DeepSpeed's ds_to_universal reads those)."""
+    source = Source(folder, universal=False)
+    if not source.shards.plain():
+        return None
+    source.shards.index(source.shapes)
     return source
 
 
-def open_source(ckpt_dir: Path, tag: str, route: str | None) -> tuple[Source, dict[str, Any]]:
-    """The source to-dcp streams from, chosen by what is on disk (or `route`), and what it is (route, step, world
-    size, cost); either one unmaps its files after reading half the bound's unit through them."""
-    start = time.perf_counter()
-    source = None if route == UNIVERSAL_COPY else shard_source(ckpt_dir, tag, route)
-    if source is not None:
-        manifest = read_manifest(ckpt_dir / tag)
-        skipped = {"seconds": 0.0, "peak_rss_bytes": 0, "bytes": 0, "source_bytes": 0, "reused": False}
-        return source, {"route": RANK_FILES, "check_seconds": time.perf_counter() - start, "universal": skipped,
-                        "step": manifest["step"], "source_world_size": manifest["world_size"],
-                        "identity": manifest.get("identity")}
+def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple[Source, dict[str, Any], Any]:
+    """The source to-dcp streams from, what it is (route, manifest, cost), and the rank files' SHA-256 check running
+    in `pool` (None for the universal copy, which is verified whole first).
+
+    The tag's own rank files are read directly where no universal copy of it is committed yet (unless `route` asks
+    for them), every rank's files are in this folder, and they hold the plain ZeRO-3 layout; else its universal copy
+    is read (made first if missing), or CheckpointError where `route` asked for the rank files.
+    """
+    reuse = route == UNIVERSAL_COPY or (route is None and reusable(ckpt_dir, tag) is not None)
+    manifest = None if reuse else read_manifest(ckpt_dir / tag)
+    if manifest and manifest.get("world_size") and not elsewhere(manifest):  # else from-dcp's output, a node's part
+        check = pool.submit(timed_check, ckpt_dir, tag)  # hashes while the files are read and written out
+        try:
+            source = plain_source(ckpt_dir / tag)
+        except Exception as error:
+            raise checked_first(check, error) from error
+        if source is not None:
+            skipped = {"seconds": 0.0, "peak_rss_bytes": 0, "bytes": 0, "source_bytes": 0, "reused": False}
+            return source, {"route": RANK_FILES, "universal": skipped, "manifest": manifest}, check
+        check.result()  # a CheckpointError now rather than from the universal route's check
+    if route == RANK_FILES:
+        raise CheckpointError(f"{ckpt_dir / tag} has no plain ZeRO-3 rank files here to read; convert it through "
+                              "its universal copy")
     universal, reused = ensure_universal(ckpt_dir, tag)
-    budget = largest_state_bytes(ckpt_dir, tag) // 2
-    return Source(universal_dir(ckpt_dir, tag), budget, universal=True), {
-        "route": UNIVERSAL_COPY, "check_seconds": 0.0, "universal": {**universal["conversion"], "reused": reused},
-        "step": universal["step"], "source_world_size": universal["source_world_size"],
-        "identity": universal.get("identity")}
+    facts = {"route": UNIVERSAL_COPY, "universal": {**universal["conversion"], "reused": reused}, "manifest": universal}
+    return Source(universal_dir(ckpt_dir, tag), universal=True), facts, None
+
+
+def checked_first(check: Any, error: BaseException) -> BaseException:
+    """The rank files' check's error where it failed (a corrupted file explains what went wrong after), else
+    `error`; waits for the check."""
+    failed = check.exception() if check is not None else None
+    return failed if failed is not None else error
+
+
+def verified(check: Any, manifest: dict[str, Any]) -> dict[str, float]:
+    """Wait for the rank files' SHA-256 check (CheckpointError where one differs); its seconds and the wait."""
+    if check is None:
+        return {"check_seconds": 0.0, "check_wait_seconds": 0.0}
+    start = time.perf_counter()
+    checked, seconds = check.result()
+    if checked != manifest:
+        raise CheckpointError(f"the manifest of {checked['tag']} changed during the conversion; convert it again")
+    return {"check_seconds": seconds, "check_wait_seconds": time.perf_counter() - start}
+
+
+def commit_dcp(tmp: Path, out: Path, record: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
+    """Write the manifest `record` over every file of `tmp` (hashed as written where the writer did), then rename
+    `tmp` to `out`, replacing an earlier conversion; returns the manifest."""
+    files = [file_record(p, tmp, None, digests.get(p.name) or sha256_file(p)) for p in sorted(tmp.iterdir())]
+    fsync_dir(tmp)  # the files' names durable before the manifest names them (their bytes were fsynced by DCP)
+    record["conversion"]["bytes"] = sum(f["bytes"] for f in files)
+    atomic_write(tmp / MANIFEST, json.dumps({**record, "files": files}, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    return read_manifest(out)
 
 
 def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
            route: str | None = None) -> dict[str, Any]:
     """Convert committed checkpoint `tag` (default: the newest) of `ckpt_dir` into a committed DCP folder `out_dir`,
     streamed from its rank files, or from its universal copy where one is committed or the files are not plain
-    ZeRO-3 (made first if missing); `route` ("rank files", "universal copy") forces one."""
+    ZeRO-3 (made first if missing); `route` ("rank files", "universal copy") forces one.
+
+    The rank files are hashed in a thread while they are read and written out: nothing is committed before every
+    hash matched; on a mismatch the unfinished folder is deleted and the earlier `out_dir`, if any, kept.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     ckpt_dir, out = Path(ckpt_dir), Path(out_dir).resolve()
     if route not in (None, RANK_FILES, UNIVERSAL_COPY):
         raise UsageError(f"route {route!r}: pass None, {RANK_FILES!r} or {UNIVERSAL_COPY!r}")
     check_out_dir(out)
     tag = tag or newest_committed(ckpt_dir, "converting to DCP")
-    source, facts = open_source(ckpt_dir, tag, route)
     tmp = out.with_name(f"{out.name}.converting")
     shutil.rmtree(tmp, ignore_errors=True)  # a conversion that crashed earlier: never loaded
-    cost = write_dcp(source, tmp)
-    cost.update(route=facts["route"], check_seconds=facts["check_seconds"], universal=facts["universal"])
-    files = file_entries(tmp)
-    cost["bytes"] = sum(f["bytes"] for f in files)
-    atomic_write(tmp / MANIFEST, json.dumps({
-        "format": FORMAT, "kind": DCP_KIND, "tag": tag, "step": facts["step"],
-        "source_world_size": facts["source_world_size"], "identity": facts["identity"],
-        "source_manifest_sha256": manifest_hash(ckpt_dir, tag), "conversion": cost, "files": files}, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
-    return read_manifest(out)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        source, facts, check = open_source(ckpt_dir, tag, route, pool)
+        try:
+            cost, digests = write_dcp(source, tmp)
+            cost.update(verified(check, facts["manifest"]), route=facts["route"], universal=facts["universal"])
+        except Exception as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise checked_first(check, error) from error
+    known = facts["manifest"]
+    return commit_dcp(tmp, out, {
+        "format": FORMAT, "kind": DCP_KIND, "tag": tag, "step": known["step"],
+        "source_world_size": known.get("source_world_size", known.get("world_size")),
+        "identity": known.get("identity"), "source_manifest_sha256": manifest_hash(ckpt_dir, tag),
+        "conversion": cost}, digests)
 
 
 def describe_to_dcp(manifest: dict[str, Any]) -> str:
@@ -408,8 +517,7 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> dict[str,
     params = {n: tuple(meta[f"model.{n}"].size) for n in names}
     tag, train = tag_for(source["step"]), {k: v for k, v in values.items() if k.startswith("train_state.")}
     uni = universal_dir(out, tag)
-    return_large_frees()
-    with no_zip_crc():
+    with large_frees_returned(), no_zip_crc():
         steps = [s for names in param_batches(params) for s in write_params(folder, uni / "zero", params, names)]
     torch.save({"optimizer_state_dict": {"state": {0: {"step": steps[0]}}, "param_groups": [{**group, "params": [0]}]},
                 "param_groups": [{**group, "params": [0]}]}, uni / "zero" / "optimizer_state.pt")

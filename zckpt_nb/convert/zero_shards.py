@@ -11,8 +11,8 @@ reads one parameter's weights and moments on demand, which a streaming writer ne
 
 The files are memory-mapped (`torch.load(mmap=True)`, weights only) so only the slices asked for are read. Pages read
 through a mapping stay in this process's resident set until it is unmapped, so the mappings are dropped (and mapped
-again on the next read) once the bytes read through them reach a budget: peak RSS stays the budget plus the tensors
-being written, whatever the checkpoint's size.
+again on the next read) once the bytes read through them reach a budget, half the largest parameter's fp32 state:
+peak RSS stays the budget plus the tensors being written, whatever the checkpoint's size.
 """
 
 from __future__ import annotations
@@ -53,15 +53,26 @@ def own_storage(tensor: Any) -> Any:
     return tensor if tensor.untyped_storage().nbytes() == tensor.nbytes else tensor.clone()
 
 
+def largest_state(states: dict[str, Any]) -> int:
+    """The largest parameter's fp32 state in bytes (weights and both Adam moments; a frozen one's weights only), from
+    a model-states file's shapes."""
+    trainable = max(int(s.numel()) for group in states["param_shapes"] for s in group.values())
+    frozen = max((int(s.numel()) for s in (states.get("frozen_param_shapes") or {}).values()), default=0)
+    return 4 * max(3 * trainable, frozen)
+
+
 class ShardReader:
     """One parameter's fp32 weights or Adam moment, gathered from every rank's partition of a ZeRO-3 tag folder."""
 
-    def __init__(self, folder: Path, budget: int) -> None:
+    def __init__(self, folder: Path) -> None:
         ranks = shard_paths(folder)
-        self.optims = MappedFiles([ranks[r]["optim"] for r in sorted(ranks)], budget) if "optim" in ranks[0] else None
-        self.models = MappedFiles([ranks[r]["model"] for r in sorted(ranks)], budget)
-        states = self.models.get(0)
-        self.frozen = dict(states.get("frozen_param_shapes") or {})
+        self.states = load(ranks[0]["model"], mmap=True)  # rank 0's model states, read once: names, shapes, ties
+        self.unit = largest_state(self.states)
+        self.models = MappedFiles([ranks[r]["model"] for r in sorted(ranks)], self.unit // 2)
+        self.models.loaded[0] = self.states
+        self.optims = MappedFiles([ranks[r]["optim"] for r in sorted(ranks)], self.unit // 2) \
+            if "optim" in ranks[0] else None
+        self.frozen = dict(self.states.get("frozen_param_shapes") or {})
         self.places: dict[str, tuple[int, int, Any]] = {}
 
     def optimizer(self) -> dict[str, Any]:
