@@ -150,15 +150,16 @@ def crash_answer(crash_dir: str | Path, report: str, resumed: RunResult, nproc: 
     repeated), and where the resume started, against the default world size."""
     said = [line for line in report.splitlines()[1:-1] if "printed no error" not in line]
     other = 3 if nproc == default else default
-    survivors = f"{max(other - 1, 0)} surviving rank{'s' * (other != 2)}"
-    why = ", each naming a dead peer" if said and all("peer" in line for line in said) else ""
-    spoke = (f"{len(said)} of the {nproc - 1} surviving rank(s) printed an error line{why}" if nproc > 1 else
-             "no other rank was left to print a line")
-    return (f"With N = {nproc}, rank {nproc - 1} was killed and printed nothing; {spoke} (section 5 shows each "
+    survivors = "the surviving rank would print" if other == 2 else f"the {other - 1} surviving ranks would each print"
+    why = " naming a dead peer" if said and all("peer" in line for line in said) else ""
+    alive = "the surviving rank" if nproc == 2 else f"{len(said)} of the {nproc - 1} surviving ranks"
+    spoke = f"{alive} printed an error line{why}" if nproc > 1 else "no other rank was left to print a line"
+    silent = " and printed nothing" if f"rank {nproc - 1}: printed no error" in report else ""
+    return (f"With N = {nproc}, rank {nproc - 1} was killed{silent}; {spoke} (section 5 shows each "
             f"rank's line; {Path(crash_dir) / 'launch.log'} holds everything). "
             f"The resume started from step {resumed.data['resumed_from_step']}, the newest checkpoint with a manifest. "
-            f"With N = {other} the same would hold: {survivors} would each print the same "
-            "kind of line, and the kill hits the same save, so the resume starts from the same step whatever N.")
+            f"With N = {other} the same would hold: {survivors} the same kind of line, and the kill hits the same "
+            "save, so the resume starts from the same step whatever N.")
 
 
 def peer_failure_rows(rank: int, tag: str) -> list[dict[str, str]]:
