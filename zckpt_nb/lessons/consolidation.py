@@ -430,7 +430,8 @@ def regathered_clause(costs: list[dict[str, Any]], more: float) -> str:
     if more < 0.01 or extra <= 0:
         return ""
     return (f" (its {extra} extra all-gather{'s' * (extra != 1)} of {more:.2f} x the model: DeepSpeed gathers module "
-            "by module, so a weight shared by two modules, GPT-2's embedding under `lm_head`, is gathered under each; "
+            "by module, so a weight two modules share (here GPT-2's token embedding, tied to `lm_head`) is gathered "
+            "under each; "
             "route 2 walks `named_parameters()`, which lists it once)")
 
 
@@ -509,12 +510,12 @@ def export_memory_sentence(heap_extra: int | None, rows: list[dict[str, Any]], m
     heap = (heap_extra or 0) / 2**20
     model = model_bytes / 2**20
     kernel = ("" if kernel_rss is None else
-              f" (section 5's +{kernel_rss / 2**20:.2f} MiB was measured in this kernel, against what the kernel "
-              "held when the export began, libraries loaded and memory freed by earlier work included; here the "
-              "export is a fresh process, against a fresh one that only imports what it imports)")
+              f" Section 5's +{kernel_rss / 2**20:.2f} MiB differs because it was measured in this kernel, against "
+              "what the kernel held when the export began (libraries loaded, memory freed by earlier work); here the "
+              "export is a fresh process, measured against a fresh one that only imports what it imports.")
     return (f"The export's heap rose {heap:.1f} MiB ({heap / model:.2f} x the {model:.2f} MiB model): it builds "
             f"{'no tensor' if heap < 0.25 * model else 'tensors'} in memory. Its resident memory rose {rss} MiB above "
-            f"the baseline{kernel} ({ratio:.2f} x the model): the pages of the rank files it maps count while it "
+            f"the baseline ({ratio:.2f} x the model): the pages of the rank files it maps count while it "
             "reads them, so "
             + ("what the operating system sees grows with what it reads, not with what it allocates."
-               if ratio > 0.25 else "its resident memory stayed small too."))
+               if ratio > 0.25 else "its resident memory stayed small too.")) + kernel
