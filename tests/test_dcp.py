@@ -136,7 +136,8 @@ def test_to_dcp_refuses_to_replace_a_folder_it_did_not_write(zero_run: RunResult
 
 def test_to_dcp_refuses_a_corrupted_rank_file_and_commits_nothing(zero_run: RunResult, tmp_path: Path) -> None:
     """The rank files are hashed while they are converted: one byte flipped in rank 1's optimizer file is refused,
-    the unfinished folder deleted, and an earlier conversion into the same folder kept whole."""
+    a truncated file too (with the check's error, not the failed read's), the unfinished folder deleted, and an
+    earlier conversion into the same folder kept whole."""
     ckpt = Path(shutil.copytree(zero_run.output_dir, tmp_path / "ckpt", ignore=shutil.ignore_patterns("universal")))
     first = to_dcp(ckpt, tmp_path / "dcp", TAG)
     optim = next((ckpt / TAG).glob("*rank_1_*optim_states.pt"))
@@ -146,6 +147,11 @@ def test_to_dcp_refuses_a_corrupted_rank_file_and_commits_nothing(zero_run: RunR
     for out in (tmp_path / "dcp", tmp_path / "fresh"):
         with pytest.raises(CheckpointError, match="does not match its SHA-256"):
             to_dcp(ckpt, out, TAG)
+    optim = next((ckpt / TAG).glob("*rank_0_*optim_states.pt"))
+    with open(optim, "r+b") as f:
+        f.truncate(optim.stat().st_size // 2)
+    with pytest.raises(CheckpointError, match="truncated or rewritten"):  # its load fails first: the check says why
+        to_dcp(ckpt, tmp_path / "dcp", TAG)
     assert verify_universal(tmp_path / "dcp", kind=DCP_KIND) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "dcp"]  # no `fresh`, no `.converting` folder
 

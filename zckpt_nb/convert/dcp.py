@@ -388,10 +388,12 @@ def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
     shutil.rmtree(tmp, ignore_errors=True)  # a conversion that crashed earlier: never loaded
     with ThreadPoolExecutor(max_workers=1) as pool:
         source, facts, check = open_source(ckpt_dir, tag, route, pool)
+        from torch.distributed.checkpoint import CheckpointException  # DCP's, a BaseException: caught by name
+
         try:
             cost, digests = write_dcp(source, tmp)
             cost.update(verified(check, facts["manifest"]), route=facts["route"], universal=facts["universal"])
-        except Exception as error:
+        except (Exception, CheckpointException) as error:
             shutil.rmtree(tmp, ignore_errors=True)
             raise checked_first(check, error) from error
     known = facts["manifest"]
