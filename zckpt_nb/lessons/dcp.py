@@ -107,8 +107,8 @@ def time_compared(costs: dict[str, Any]) -> str:
     much of to-dcp's time was process start-up and imports rather than converting."""
     mine, theirs = costs["to_dcp"]["seconds"], costs["zero_to_fp32"]["seconds"]
     told = f"{mine:.1f} s against zero_to_fp32.py's {theirs:.1f} s"
-    startup = (f"; {startup_seconds(costs):.1f} s of to-dcp's {mine:.1f} s were process start-up and imports, not "
-               "converting, and zero_to_fp32.py, a process of its own too, pays the same kind of start-up")
+    startup = (f"; {startup_seconds(costs):.1f} s of to-dcp's {mine:.1f} s lay outside its timed stages (process "
+               "start-up and imports), and zero_to_fp32.py, a process of its own too, pays the same kind of start-up")
     if abs(mine / theirs - 1) <= 0.1:
         return f"about the time of zero_to_fp32.py ({told}, one run each: a tie{startup})"
     return f"{mine / theirs:.2f}x the time of zero_to_fp32.py ({told}{startup})"

@@ -165,11 +165,11 @@ def memory_agreement(records: list[dict[str, Any]], tolerance: float = 0.25) -> 
                 f"{r['predicted_extra_peak_bytes'] / 2**20:.3f} MiB predicted "
                 f"({r['measured_extra_peak_bytes'] / r['predicted_extra_peak_bytes']:.2f}x)")
     worst = max(rated, key=lambda r: abs(r["measured_extra_peak_bytes"] / r["predicted_extra_peak_bytes"] - 1))
-    above = "".join(f" Above it: {said(r)}, more than the model's terms count, a miss of the model."
-                    for r in sides["above"])
-    below = "".join(f" Below it: {said(r)}. The heap is sampled (every millisecond at first), so a measured peak is "
-                    "a lower bound: a buffer that lived less than a millisecond can be missed, so this is not "
-                    "counted as a miss." for r in sides["below"])
+    above = (" Above it: " + "; ".join(map(said, sides["above"])) + ": more than the model's terms count, a miss "
+             "of the model." if sides["above"] else "")
+    below = (" Below it: " + "; ".join(map(said, sides["below"])) + ". The heap is sampled (every millisecond at "
+             "first), so a measured peak is a lower bound: a buffer that lived less than a millisecond can be "
+             "missed, so a peak below is not counted as a miss." if sides["below"] else "")
     furthest = "" if above or below else f" The furthest: {said(worst)}."
     saves = f"{len(missed)} more save{'s' if len(missed) != 1 else ''}"
     unseen = (f" The model predicts no extra memory for {saves} that measured some, which its terms do not count: "

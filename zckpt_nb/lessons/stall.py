@@ -329,6 +329,10 @@ def interval_sentence(rows: list[dict[str, Any]], gpu_mtbf_hours: float, gpus: i
     tied = tied_modes(best, rows, stalls or [])
     least = (f"{best['mode']}" if not tied else f"{best['mode']}, a tie with {', '.join(tied)} (their mean stalls "
              "differ by less than twice the standard error of the difference)")
+    runner_up = min((r for r in rows if r is not best), key=lambda r: r["lost at optimum %"], default=None)
+    if runner_up:
+        least += (f", by {runner_up['lost at optimum %'] - best['lost at optimum %']:.3f} percentage points over "
+                  f"{runner_up['mode']}")
     return (f"With one failure every {mtbf / 3600:,.1f} h ({gpu_mtbf_hours:,} h per GPU over {gpus:,} GPUs), "
             f"Young's optimum sqrt(2 x stall x MTBF) says: save with {each}. The least time is lost with "
             f"{least}, and the largest share of it goes to {cause} ({causes[cause]:.3f}% of the time).")

@@ -30,7 +30,8 @@ def records_sentence(records: list[dict[str, Any]]) -> str:
         modes = len({r["mode"] for r in mine})
         each = "measured once" if repeats == [1] else f"the median of {' or '.join(map(str, repeats))} repeats"
         name = "the machine running this notebook" if machine == platform.node() else machine
-        lines.append(f"Measured saves on {name}: " + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
+        lines.append(f"Measured saves on {name}: "
+                     + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
                      + f"; {modes} save mode{'s' * (modes != 1)}, {len(mine)} records (every rank), each {each}")
     return ". ".join(lines) + "."
 

@@ -209,11 +209,11 @@ def pinned_answer(rows: list[dict[str, Any]], default_rows: list[dict[str, Any]]
         return f"{high:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%} to {high:.0%}"
     def named(found: list[dict[str, Any]]) -> str:
         return (", ".join(str(r["N"]) for r in found) if len(found) <= 4 else
-                f"{found[0]['N']} to {found[-1]['N']}, {len(found)} sizes")
+                f"{found[0]['N']} to {found[-1]['N']} ({len(found)} sizes)")
 
     def at(found: list[dict[str, Any]]) -> str:
         worst = max(found, key=lambda r: r["rounding"])
-        return (f"at N = {named(found)} the rounding adds {spread(found)} (at most at N = {worst['N']}: "
+        return (f"at N = {named(found)}, the rounding adds {spread(found)} (at most at N = {worst['N']}: "
                 f"{worst['shard MiB']:,.0f} MiB of shard reserve {worst['pinned MiB']:,.0f} MiB)")
     said = at(rows)
     said = said[0].upper() + said[1:]
@@ -222,6 +222,6 @@ def pinned_answer(rows: list[dict[str, Any]], default_rows: list[dict[str, Any]]
                        f"{list(EXERCISE_SIZES)}, {at(exercise_rows)}." if exercise_rows else
                        f"; these are the default sizes: set SIZES = {list(EXERCISE_SIZES)} to compare.")
     return (said + f", against {spread(default_rows)} at the default sizes "
-            f"({named(default_rows)}). Halving N doubles every buffer, so at powers of two "
+            f"N = {named(default_rows)}. Halving N doubles every buffer, so at powers of two "
             "each buffer sits at the same place between two powers of two and the rounding is one figure; other N "
             "land elsewhere.")

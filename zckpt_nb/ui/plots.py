@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from zckpt_nb.convert.inspect import CheckpointInfo
-from zckpt_nb.lessons.compare import MODES
+from zckpt_nb.lessons.compare import IN_GPU_RANKS, MODES
 
 
 def add_caption(fig: Figure, caption: str) -> Figure:
@@ -142,7 +142,8 @@ def _paired_bars(ax, labels: list[str], first: list[float], second: list[float] 
 
 def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
     """Four panels per (mode, N, rank): bytes written, peak memory, seconds, collective bytes; predicted vs measured."""
-    labels = [f"{r['mode']} N={r['world_size']} r{r['rank']}" for r in records]
+    labels = [f"{r['mode']} N={r['world_size']} " + ("process" if r["mode"] not in IN_GPU_RANKS else f"r{r['rank']}")
+              for r in records]  # the offline routes run in one process after training, not on a rank
     kib, mib = 2**10, 2**20
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
     (a, b), (c, d) = axes
@@ -161,7 +162,7 @@ def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
                  [(r["logged_comm_bytes"] or 0) / kib for r in records], ("predicted", "comms logger"), False)
     d.set(title="Bytes moved by collectives per rank", ylabel="collective bytes (KiB)")
     for ax in axes.flat:
-        ax.set_xlabel("save mode, world size, rank")
+        ax.set_xlabel("save mode, world size, rank (or the one process of an offline route)")
     fig.suptitle(title)
     from matplotlib.patches import Patch
 
