@@ -64,9 +64,14 @@ def world_answer(records: list[dict[str, Any]], default_n: int, other_n: int = 3
     alone = [r["mode"] for r in at_n if r["mode"] in ("offline", "hf")]
     each += [f"{' and '.join(alone)} none (one process after training)"] if alone else []
     part = next((r for r in at_n if r["mode"] == "partitioned"), None)
-    moved = ("" if part is None else f" The partitioned save moved {part['logged_comm_bytes'] or 0:,} B, "
-             f"{(part['logged_comm_bytes'] or 0) / max(first['logged_comm_bytes'] or 0, 1):.1e}x of {first['mode']}'s: "
-             "next to nothing, but not nothing.")
+    top = next((r for r in at_n if r["mode"] in ("gathered16", "per_param")), None)  # the consolidated one moving most
+    moved = "" if part is None else f" The partitioned save moved {part['logged_comm_bytes'] or 0:,} B"
+    if part is not None and top is not None:
+        ratio = (part["logged_comm_bytes"] or 0) / max(top["logged_comm_bytes"] or 0, 1)
+        moved += (f", {ratio:.1e}x of {top['mode']}'s: next to nothing, but not nothing." if ratio < 0.01 else
+                  f", {ratio:.2f}x {top['mode']}'s: not negligible at these settings.")
+    elif part is not None:
+        moved += "."
     which = "the default" if n == default_n else f"the default is {default_n}"
     return (f"This run measured N = {n} ({which}). Rank 0's collective bytes, largest first: "
             f"{'; '.join(each) or 'no consolidated route was run'}. Most: {first['mode']}.{moved}")
