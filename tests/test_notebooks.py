@@ -146,7 +146,7 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert inspect_checkpoint(runs / "bf16").world_size == nproc
     assert rows[3]["frozen weights (MiB)"] == 0 < rows[2]["frozen weights (MiB)"]
     get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
-    assert frozen_sentence(rows, loads["counts"]) in text and bf16_sentence(rows, p) in text
+    assert frozen_sentence(rows, loads["counts"]) in text and bf16_sentence(rows, p, runs) in text
     assert freeze_answer(rows, loads, get["FREEZE"], FREEZE, "tiny") in text  # exercise 1's answer
     assert nproc_answer(runs, p, nproc, "tiny") in text  # exercise 2's answer
     assert excluded_sentence(loads) in text and fine_tune_sentence(loads) in text

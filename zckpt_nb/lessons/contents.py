@@ -71,10 +71,13 @@ def size_words(a: float, b: float) -> str:
     return f"{a / b:.2f} times the size of"
 
 
-def bf16_sentence(rows: list[dict[str, Any]], num_params: int) -> str:
-    """The bf16 checkpoint against the fp32 one: sizes and bytes per parameter of weights and moments."""
+def bf16_sentence(rows: list[dict[str, Any]], num_params: int, root: str | Path | None = None) -> str:
+    """The bf16 checkpoint against the fp32 one: sizes and bytes per parameter of weights and moments (exact from the
+    files under `root` when given, else from the rows' MiB, which are rounded to 0.001)."""
     fp32, bf16 = rows[0], rows[1]
-    per = {r["checkpoint"]: (r[KINDS[0]] + r[KINDS[1]]) * 2**20 / num_params for r in (fp32, bf16)}
+    per = ({name: (f[KINDS[0]] + f[KINDS[1]]) / num_params for name, f in
+            ((name, holdings(Path(root) / name)) for name in ("fp32", "bf16"))} if root else
+           {r["checkpoint"]: (r[KINDS[0]] + r[KINDS[1]]) * 2**20 / num_params for r in (fp32, bf16)})
     same = size_words(bf16["total (MiB)"], fp32["total (MiB)"])
     return (f"The bf16 checkpoint ({bf16['total (MiB)']:.3f} MiB) is {same} the fp32 one ({fp32['total (MiB)']:.3f} "
             f"MiB): both "
