@@ -80,7 +80,7 @@ def test_the_notebook_sentence_sets_cpu_ranks_for_the_kernel(monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 1))  # pretend: a 1-GPU laptop
     said = use_lesson_ranks([1, 2])
-    assert "CPU ranks" in said and "2 ranks do not fit the 1 GPU(s)" in said
+    assert "CPU ranks" in said and "2 ranks do not fit the 1 GPU here" in said
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     monkeypatch.delenv("DS_ACCELERATOR")
     monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 8))
@@ -100,4 +100,4 @@ def test_cpu_only_lessons_run_cpu_ranks_whatever_the_gpus(monkeypatch):
     said = use_lesson_ranks([3, 2, 3], cpu_only="the FSDP2 worker runs CPU ranks only")
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     assert said == ("Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), 2 and 3 of them per job: "
-                    "the FSDP2 worker runs CPU ranks only; the 8 GPU(s) here stay idle.")
+                    "the FSDP2 worker runs CPU ranks only; the 8 GPUs here stay idle.")

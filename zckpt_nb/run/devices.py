@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from zckpt_nb.format.words import counted
+
 CPU_HINT = "DS_ACCELERATOR=cpu to run any number of CPU ranks (gloo) on any machine"
 
 
@@ -50,8 +52,8 @@ def machine() -> tuple[str, int]:
 
 def too_many(requested: int, gpus: int) -> str:
     """One line: `requested` GPU ranks do not fit `gpus` GPUs, and the two ways that work."""
-    return (f"--nproc {requested} asks for more GPU ranks than the {gpus} GPU(s) here (NCCL needs one GPU per rank); "
-            f"use --nproc {gpus}, or set {CPU_HINT}")
+    return (f"--nproc {requested} asks for more GPU ranks than the {counted(gpus, 'GPU')} here (NCCL needs one GPU "
+            f"per rank); use --nproc {gpus}, or set {CPU_HINT}")
 
 
 def choose_world(requested: int, accelerator: str, gpus: int, *, exact: bool = False) -> Placement:
@@ -62,14 +64,16 @@ def choose_world(requested: int, accelerator: str, gpus: int, *, exact: bool = F
     """
     if accelerator != "cuda" or gpus < 1:
         why = "no GPU here" if accelerator == "cuda" else "CPU asked for"
-        return Placement(requested, "cpu", f"{requested} CPU rank(s) (DS_ACCELERATOR=cpu, gloo): {why}")
+        return Placement(requested, "cpu", f"{counted(requested, 'CPU rank')} (DS_ACCELERATOR=cpu, gloo): {why}")
     if requested <= gpus:
-        return Placement(requested, "cuda", f"{requested} GPU rank(s), one per GPU (NCCL), of the {gpus} GPU(s) here")
+        return Placement(requested, "cuda", f"{counted(requested, 'GPU rank')}, one per GPU (NCCL), of the "
+                                            f"{counted(gpus, 'GPU')} here")
     if exact:
-        return Placement(requested, "cpu", f"{requested} CPU rank(s) (DS_ACCELERATOR=cpu, gloo): {requested} ranks "
-                                           f"do not fit the {gpus} GPU(s) here, one rank per GPU (NCCL)")
-    return Placement(gpus, "cuda", f"{gpus} GPU rank(s) instead of {requested}: NCCL needs one GPU per rank and "
-                                   f"there are {gpus} here ({CPU_HINT})")
+        return Placement(requested, "cpu", f"{counted(requested, 'CPU rank')} (DS_ACCELERATOR=cpu, gloo): "
+                                           f"{requested} ranks do not fit the {counted(gpus, 'GPU')} here, one rank "
+                                           "per GPU (NCCL)")
+    return Placement(gpus, "cuda", f"{counted(gpus, 'GPU rank')} instead of {requested}: NCCL needs one GPU per "
+                                   f"rank and there are {gpus} here ({CPU_HINT})")
 
 
 def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> list[Placement]:
@@ -79,11 +83,13 @@ def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> lis
     """
     need = nnodes * nproc
     if accelerator != "cuda" or gpus < need:
-        note = (f"{nnodes} node(s) x {nproc} CPU rank(s) (DS_ACCELERATOR=cpu, gloo)"
-                + (f": {need} ranks do not fit the {gpus} GPU(s) here, one per GPU" if accelerator == "cuda" else ""))
+        note = (f"{counted(nnodes, 'node')} x {counted(nproc, 'CPU rank')} (DS_ACCELERATOR=cpu, gloo)"
+                + (f": {need} ranks do not fit the {counted(gpus, 'GPU')} here, one per GPU"
+                   if accelerator == "cuda" else ""))
         return [Placement(nproc, "cpu", note) for _ in range(nnodes)]
-    return [Placement(nproc, "cuda", f"node {k}: GPU(s) {', '.join(map(str, range(k * nproc, (k + 1) * nproc)))}",
-                      tuple(range(k * nproc, (k + 1) * nproc))) for k in range(nnodes)]
+    ids = [tuple(range(k * nproc, (k + 1) * nproc)) for k in range(nnodes)]
+    word = "GPUs" if nproc > 1 else "GPU"
+    return [Placement(nproc, "cuda", f"node {k}: {word} {', '.join(map(str, ids[k]))}", ids[k]) for k in range(nnodes)]
 
 
 def lesson_placement(world_sizes: list[int], accelerator: str, gpus: int) -> Placement:
@@ -106,12 +112,14 @@ def use_lesson_ranks(world_sizes: list[int], cpu_only: str = "") -> str:
     named = [str(n) for n in sorted(set(world_sizes))]
     sizes = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
     if where.accelerator == "cuda" and not cpu_only:
-        return f"Every launch runs GPU ranks, one per GPU (NCCL): {sizes} rank(s), of the {gpus} GPU(s) here."
+        ranks = "rank" if named == ["1"] else "ranks"
+        return f"Every launch runs GPU ranks, one per GPU (NCCL): {sizes} {ranks}, of the {counted(gpus, 'GPU')} here."
     os.environ["DS_ACCELERATOR"] = "cpu"
     if cpu_only:
-        why = f"{cpu_only}; " + (f"the {gpus} GPU(s) here stay idle" if gpus else "there is no GPU here either")
+        idle = f"the {counted(gpus, 'GPU')} here stay idle" if gpus else "there is no GPU here either"
+        why = f"{cpu_only}; {idle}"
     elif gpus:
-        why = f"{max(world_sizes)} ranks do not fit the {gpus} GPU(s) here (NCCL needs one GPU per rank)"
+        why = f"{max(world_sizes)} ranks do not fit the {counted(gpus, 'GPU')} here (NCCL needs one GPU per rank)"
     else:
         why = "there is no GPU here"
     return f"Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), {sizes} of them per job: {why}."
