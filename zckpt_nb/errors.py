@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import sys
 from pathlib import Path
 
@@ -65,12 +66,26 @@ def is_peer_failure(err: BaseException) -> bool:
     return is_timeout(err) or (dist is not None and isinstance(err, dist.DistError))
 
 
+SOURCE_PATH = re.compile(r"\[/[^\]\s]*/([\w.]+:\d+)\] ")  # gloo's "[/__w/pytorch/.../tcp/pair.cc:553] "
+
+
+def short_line(line: str, width: int) -> str:
+    """`line` without a C++ source path's folders ("[pair.cc:553] "), cut to `width` at a word boundary if one
+    lies in its second half."""
+    line = SOURCE_PATH.sub(r"[\1] ", line)
+    if len(line) <= width:
+        return line
+    cut = line[:width - 3]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut) + "..."
+
+
 def peer_failure(err: BaseException, rank: int, doing: str, detail: str = "") -> CollectiveTimeout:
     """The one error every rank raises for a lost peer or timed-out collective `doing` something, with no further
     collective (the process group cannot be trusted again)."""
+    said = short_line((str(err).strip().splitlines() or [""])[0], 160)
     return CollectiveTimeout(f"rank {rank}: {doing} stopped{detail}: a peer rank died or a collective timed out "
-                             f"({type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}); every "
-                             "rank stops, 'latest' was not moved")
+                             f"({type(err).__name__}: {said}); every rank stops, 'latest' was not moved")
 
 
 class LayoutError(RuntimeError):

@@ -31,6 +31,7 @@ from zckpt_nb.errors import (
     RunIncomplete,
     describe_error,
     is_peer_failure,
+    short_line,
 )
 from zckpt_nb.format.client_state import CLIENT_KEY, client_state
 from zckpt_nb.format.disk import atomic_write
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective outside the package's save "
               "(in a training step, or in DeepSpeed's own save_checkpoint and its barrier) timed out or lost a rank "
-              f"({str(e).strip().splitlines()[0][:160]}); is some rank stuck, dead or saving alone?",
+              f"({short_line(str(e).strip().splitlines()[0], 160)}); is some rank stuck, dead or saving alone?",
               file=sys.stderr, flush=True)
         sys.exit(1)
 

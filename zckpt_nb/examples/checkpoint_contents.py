@@ -88,7 +88,11 @@ def strict_load_error(engine: Any, folder: str) -> str | None:
     try:
         engine.load_checkpoint(folder)
     except RuntimeError as e:  # the same on every rank: each reads its own files before any collective
-        return str(e).strip().splitlines()[0] + " " + str(e).strip().splitlines()[1].strip()[:90] + "..."
+        first, keys = (line.strip() for line in str(e).strip().splitlines()[:2])
+        if len(keys) > 90:
+            whole = keys[:90].rfind('", ')  # cut after the last whole missing key
+            keys = keys[:whole + 1] + ", ..." if whole > 0 else keys[:90] + "..."
+        return f"{first} {keys}"
     return None
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, committed_tags, latest_name, tag_for, tag_step
+from zckpt_nb.format.words import counted
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
 from zckpt_nb.run.launch import RunResult
 
@@ -75,7 +76,7 @@ def rotation_answer(run: RunResult, keep_last: int, default: int = DEFAULT_KEEP_
     kept = committed_tags(run.output_dir)
     every = sorted(set(kept) | set(deleted), key=tag_step)
     other = 1 if keep_last == default else default
-    return (f"With --keep_last {keep_last}, {len(kept)} of the {len(every)} committed checkpoint(s) remain "
+    return (f"With --keep_last {keep_last}, {len(kept)} of the {counted(len(every), 'committed checkpoint')} remain "
             f"({', '.join(kept)}) and rotation deleted {', '.join(deleted) or 'nothing'}. Of the same saves, "
             f"--keep_last {other} would keep {', '.join(every[-other:])}: the newest K, never one before a newer "
             "one has committed.")

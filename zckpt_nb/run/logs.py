@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from zckpt_nb.errors import LaunchError
+from zckpt_nb.errors import LaunchError, short_line
 
 
 def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/") -> dict[str, list[str]]:
@@ -56,20 +56,6 @@ def rank_error_line(lines: list[str]) -> str:
         return mine[-1].split(WORKER_ERROR, 1)[1]
     raised = [line.strip() for line in lines if EXCEPTION_LINE.match(line.strip())]
     return raised[-1] if raised else "printed no error (stopped from outside: killed, or ended by torchrun)"
-
-
-SOURCE_PATH = re.compile(r"\[/[^\]\s]*/([\w.]+:\d+)\] ")  # gloo's "[/__w/pytorch/.../tcp/pair.cc:553] "
-
-
-def short_line(line: str, width: int) -> str:
-    """`line` without a C++ source path's folders ("[pair.cc:553] "), cut to `width` at a word boundary if one
-    lies in its second half."""
-    line = SOURCE_PATH.sub(r"[\1] ", line)
-    if len(line) <= width:
-        return line
-    cut = line[:width - 3]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > width // 2 else cut) + "..."
 
 
 def failure_report(err: Exception, output_dir: str | Path, width: int = 300) -> str:
