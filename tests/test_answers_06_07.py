@@ -47,7 +47,7 @@ def test_the_batch_answer_compares_with_the_presets_batch_and_the_dtypes_toleran
     rows = [{"resumed on N": 3, "accumulation steps": 1, "max |loss difference|": 0.012, "steps compared": 5}]
     said = worlds.batch_answer(rows, 7, 16, 8, "bf16")
     assert said.startswith("This run used a global batch of 7 (the preset's is 16)")
-    assert "on 3 ranks 2 to 3 sequences per rank in 1 micro-step (with 16: 5 to 6" in said
+    assert "on 3 ranks: 2 to 3 sequences per rank in 1 micro-step (with 16: 5 to 6" in said
     assert f"within bf16's {RESUME_TOLERANCE['bf16']:.0e}" in said
     assert f"above fp32's {RESUME_TOLERANCE['fp32']:.0e}" in worlds.batch_answer(rows, 7, 16, 8, "fp32")
     at_default = worlds.batch_answer(rows, 16, 16, 8, "fp32")

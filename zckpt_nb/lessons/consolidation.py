@@ -429,10 +429,9 @@ def regathered_clause(costs: list[dict[str, Any]], more: float) -> str:
     extra = (gather_count(costs, "gathered16") - gather_count(costs, "per_param"))
     if more < 0.01 or extra <= 0:
         return ""
-    return (f" (its {extra} extra all-gather{'s' * (extra != 1)} of {more:.2f} x the model: DeepSpeed gathers module "
-            "by module, so a weight two modules share (here GPT-2's token embedding, tied to `lm_head`) is gathered "
-            "under each; "
-            "route 2 walks `named_parameters()`, which lists it once)")
+    return (f" Route 1 ran {extra} more all-gather{'s' * (extra != 1)} than route 2, {more:.2f} x the model: DeepSpeed "
+            "gathers module by module, so a weight two modules share (here GPT-2's token embedding, tied to "
+            "`lm_head`) is gathered under each, while route 2 walks `named_parameters()`, which lists it once.")
 
 
 def gather_count(costs: list[dict[str, Any]], mode: str) -> int:
@@ -451,10 +450,11 @@ def principle_sentences(costs: list[dict[str, Any]], summary: list[dict[str, Any
         f"{pp['written MiB, rank 0']} MiB on rank 0 and all-gathered {pp['all-gathered / model']:.2f} x the model"
         + (" (parameters kept whole by `stage3_param_persistence_threshold` need no gather)"
            if pp["all-gathered / model"] < 0.99 else "")
-        + f"; route 1 all-gathered {g16['all-gathered / model']:.2f} x and broadcast {g16['broadcast / model']:.2f} x"
+        + f"; route 1 all-gathered {g16['all-gathered / model']:.2f} x the model."
         + regathered_clause(costs, g16["all-gathered / model"] - pp["all-gathered / model"])
-        + (": a second cost the table does not name (DeepSpeed 0.19.8 broadcasts every gathered tensor back from "
-           "rank 0)." if g16["broadcast / model"] > 0 else "."),
+        + (f" Route 1 also broadcast {g16['broadcast / model']:.2f} x the model back from rank 0 (DeepSpeed 0.19.8 "
+           "broadcasts every gathered tensor), a cost the principle's table does not name."
+           if g16["broadcast / model"] > 0 else ""),
         "**It puts the offline conversion and the export under \"all-gather\"**: they logged "
         + " and ".join(f"{c['comm_bytes'] or 0:,} B ({m})" for m, c in offline.items())
         + " of collectives and need no process group; they read every rank's shard instead, optimizer state "

@@ -242,13 +242,16 @@ def fsdp_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAUL
     gap, (bound, told) = max(leg_gaps(base, fsdp)), tolerance(base)
     share = "all" if n == 1 else f"about {base.num_params / n:,.0f}"
     than = ("" if n == default else f" (against {base.num_params / default:,.0f} on the default {default} ranks)")
+    alt = 1 if default > 1 else 2
+    other_share = "all" if alt == 1 else f"about {base.num_params / alt:,.0f}"
     return (f"No second conversion: FSDP2 on {counted(n, 'rank')} loaded the very {files} files to-dcp wrote once, by "
             f"one process with whole tensors; `dcp.load` cut each tensor into {counted(n, 'shard')}, so each rank "
             f"held {share} of the {base.num_params:,} parameters with their moments{than}. The leg's largest loss "
             f"gap was {gap:.1e}, {'within' if gap <= bound else 'NOT within'} {told}"
-            + (f", the gap of section 5. These are the defaults: set FSDP_NPROC = {1 if default > 1 else 2} to "
-               "compare." if n == default else f"; compare it with section 5's on the default {default} ranks: "
-               "the number of ranks changes only the order of float additions."))
+            + (f", the gap of section 5. These are the defaults; with FSDP_NPROC = {alt}, the same {files} files "
+               f"would load again with no second conversion, each rank holding {other_share} of the parameters: "
+               "set it to measure the loss gap." if n == default else f"; compare it with section 5's on the "
+               f"default {default} ranks: the number of ranks changes only the order of float additions."))
 
 
 def switch_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAULT_SWITCH_STEP) -> str:

@@ -49,7 +49,7 @@ def batch_answer(rows: list[dict[str, Any]], global_batch: int, default_batch: i
                 f"{counted(accumulation_steps(batch, n, micro_batch), 'micro-step')}")
 
     other = EXERCISE_BATCH if global_batch == default_batch else default_batch
-    each = "; ".join(f"on {counted(r['resumed on N'], 'rank')} {split(global_batch, r['resumed on N'])}"
+    each = "; ".join(f"on {counted(r['resumed on N'], 'rank')}: {split(global_batch, r['resumed on N'])}"
                      + ("" if other == global_batch else f" (with {other}: {split(other, r['resumed on N'])})")
                      for r in rows)
     ran = (f"This run used the preset's global batch of {default_batch} (set `GLOBAL_BATCH = {EXERCISE_BATCH}` for "
