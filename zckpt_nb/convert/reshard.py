@@ -34,6 +34,7 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, universal_dir
 from zckpt_nb.format.manifest import FORMAT, elsewhere, read_manifest, sha256_file
+from zckpt_nb.format.words import counted
 from zckpt_nb.measure import meters
 
 
@@ -136,7 +137,7 @@ def describe_conversion(manifest: dict[str, Any], reused: bool, world: int | Non
     """A few plain sentences: what was converted (or reused), what it cost, where it loads (on `world` ranks, or
     any)."""
     c, n = manifest["conversion"], manifest["source_world_size"]
-    saved = f"{manifest['tag']} was saved by {n} rank{'s' if n != 1 else ''}" + (f" and this run has {world}."
+    saved = f"{manifest['tag']} was saved by {counted(n, 'rank')}" + (f" and this run has {world}."
                                                                                 if world else ".")
     sizes = (f"{c['source_bytes'] / 2**20:.1f} MiB of rank files became {c['bytes'] / 2**20:.1f} MiB in "
              f"{len(manifest['files'])} files under {UNIVERSAL}/{manifest['tag']}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.format.layout import REFERENCE, WEIGHTS
+from zckpt_nb.format.words import counted
 from zckpt_nb.lessons.compare import MODES
 
 FP32_BYTES = 4  # the offline route and the export write fp32 masters
@@ -417,8 +418,8 @@ def partitioned_comm_sentence(costs: list[dict[str, Any]], summary: list[dict[st
     return (f"**Partitioned save, \"None (each rank saves locally)\"**: imprecise. Each rank wrote only its own "
             f"share, and {'no weight moved (all-gathered 0.00 x the model)' if not regather else 'its slices stayed'}, "
             f"but the save is not free of communication: inside DeepSpeed's `save_checkpoint` rank 0 ran "
-            f"{count['barrier']} barrier{'s' * (count['barrier'] != 1)} and {count['all_reduce']} "
-            f"all-reduce{'s' * (count['all_reduce'] != 1)}, {r0['comm_bytes']:,} B logged "
+            f"{counted(count['barrier'], 'barrier')} and "
+            f"{counted(count['all_reduce'], 'all-reduce')}, {r0['comm_bytes']:,} B logged "
             "(the all-reduces are `_checkpoint_tag_validation`: every rank must save under the same tag)"
             f"{regather}{protocol}. Every rank waits at these for the slowest, so a partitioned save is a "
             "synchronisation point, and a rank that skips it hangs the others (notebook 05).")
@@ -429,7 +430,7 @@ def regathered_clause(costs: list[dict[str, Any]], more: float) -> str:
     extra = (gather_count(costs, "gathered16") - gather_count(costs, "per_param"))
     if more < 0.01 or extra <= 0:
         return ""
-    return (f" Route 1 ran {extra} more all-gather{'s' * (extra != 1)} than route 2, {more:.2f} x the model: DeepSpeed "
+    return (f" Route 1 ran {counted(extra, 'more all-gather')} than route 2, {more:.2f} x the model: DeepSpeed "
             "gathers module by module, so a weight two modules share (here GPT-2's token embedding, tied to "
             "`lm_head`) is gathered under each, while route 2 walks `named_parameters()`, which lists it once.")
 

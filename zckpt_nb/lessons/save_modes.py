@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zckpt_nb.format.words import counted
 from zckpt_nb.lessons.stall import NEVER, overlap_verdict, tied_modes
 from zckpt_nb.plan.costs import predict, predicted_for
 
@@ -176,7 +177,7 @@ def memory_agreement(records: list[dict[str, Any]], tolerance: float = 0.25) -> 
              "first), so a measured peak is a lower bound: a buffer that lived less than a millisecond can be "
              "missed, so a peak below is not counted as a miss." if sides["below"] else "")
     furthest = "" if above or below else f" The furthest: {said(worst)}."
-    saves = f"{len(missed)} more save{'s' if len(missed) != 1 else ''}"
+    saves = counted(len(missed), 'more save')
     unseen = (f" The model predicts no extra memory for {saves} that measured some, which its terms do not count: "
               + "; ".join(f"{r['mode']} at N = {r['world_size']}, rank {r['rank']}, "
                           f"{r['measured_extra_peak_bytes'] / 2**20:.3f} MiB" for r in missed) + "."

@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.format.words import counted
 from zckpt_nb.plan.costs import MODE_KEYS, Prediction, predict
 from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, seconds, time_terms
 
@@ -32,7 +33,7 @@ def records_sentence(records: list[dict[str, Any]]) -> str:
         name = "the machine running this notebook" if machine == platform.node() else machine
         lines.append(f"Measured saves on {name}: "
                      + "; ".join(f"`{m}` at N = {', '.join(map(str, n))}" for m, n in sizes.items())
-                     + f"; {modes} save mode{'s' * (modes != 1)}, {len(mine)} records (every rank), each {each}")
+                     + f"; {counted(modes, 'save mode')}, {len(mine)} records (every rank), each {each}")
     return ". ".join(lines) + "."
 
 
