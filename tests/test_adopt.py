@@ -18,26 +18,10 @@ LOOP = "zckpt_nb.examples.own_loop"
 TAG = "global_step4"
 
 
-EXIT_ABORT = "terminate called without an active exception"
-
-
 def own_loop(out, *args, nproc=2) -> list[str]:
-    """The user's script on `nproc` CPU ranks under torchrun; its output lines.
-
-    Run once more only if a rank aborted at interpreter exit with EXIT_ABORT: once in a few dozen CPU runs a gloo
-    thread is still joinable when static destructors run (train.main sidesteps it with os._exit; a user's script
-    does not). Any other failure, and a second abort, fails as before.
-    """
-    run = [str(out), "--steps", "4", *args]
-    try:
-        log, _ = launch_module(LOOP, run, nproc=nproc, timeout=300, name=f"own loop {out}", verbose=False,
-                               progress=False)
-    except LaunchError as e:
-        if EXIT_ABORT not in str(e):
-            raise
-        shutil.rmtree(out, ignore_errors=True)
-        log, _ = launch_module(LOOP, run, nproc=nproc, timeout=300, name=f"own loop {out} (again)", verbose=False,
-                               progress=False)
+    """The user's script on `nproc` CPU ranks under torchrun; its output lines."""
+    log, _ = launch_module(LOOP, [str(out), "--steps", "4", *args], nproc=nproc, timeout=300, name=f"own loop {out}",
+                           verbose=False, progress=False)
     return log
 
 

@@ -213,13 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     lifeline.arm()  # no rank outlives torchrun or the launching process, however they were killed
     try:
         train(TrainOptions.parse(argv))
-        # Everything is written and the process group is destroyed. Skip interpreter finalization: once in a
-        # few dozen CPU runs a C++ thread left by the gloo/shm backends is still joinable when static destructors
-        # run, and std::terminate turns a finished job into SIGABRT ("terminate called without an active
-        # exception"), which torchrun reports as a failed job.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        lifeline.leave(0)  # everything is written and the process group destroyed: skip the teardown
     except (CheckpointError, CollectiveTimeout, RunIncomplete, LayoutError) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)

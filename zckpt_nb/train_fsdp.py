@@ -15,7 +15,6 @@ DCP checkpoint is fp32 either way. It runs CPU ranks (gloo), where `--dtype auto
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,9 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, committed_tags, tag_for, tag_step
 from zckpt_nb.format.manifest import FORMAT
+from zckpt_nb.format.words import counted
 from zckpt_nb.model import accumulation_steps, ds_config, get_preset, gpt2_config
+from zckpt_nb.run import lifeline
 from zckpt_nb.run.options import TrainOptions
 from zckpt_nb.train import History, quiet_libraries, seed_everything, sum_over_ranks
 
@@ -206,8 +207,8 @@ def train(opts: TrainOptions) -> None:
     if folder:
         resume(worker, folder)
         if rank == 0:
-            print(f"resumed from {folder.name} at step {worker.start} on {world} rank(s) (FSDP2, {worker.dtype})",
-                  flush=True)
+            print(f"resumed from {folder.name} at step {worker.start} on {counted(world, 'rank')} "
+                  f"(FSDP2, {worker.dtype})", flush=True)
     resumed = worker.start if folder else None
     loop(worker)
     if rank == 0:
@@ -221,8 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the FSDP2 worker; a checkpoint that cannot be used ends it with one line, exit 1."""
     try:
         train(TrainOptions.parse(argv))
-        sys.stdout.flush()
-        os._exit(0)  # as train.py: skip finalization, where a gloo thread can abort a finished job
+        lifeline.leave(0)  # as train.py: skip the teardown, where a gloo thread can abort a finished job
     except CheckpointError as e:
         print(f"zckpt_nb.train_fsdp: error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -16,6 +16,8 @@ import json
 import os
 from typing import Any
 
+from zckpt_nb.run import lifeline
+
 FREEZE = {"all_but_last_block": lambda name, layers: not name.startswith(f"transformer.h.{layers - 1}."),
           "embeddings": lambda name, layers: name.startswith(("transformer.wte", "transformer.wpe")),
           "nothing": lambda name, layers: False}
@@ -138,7 +140,9 @@ def main() -> None:
         with open(f"{out}/loads.json", "w") as f:
             json.dump(loads, f, indent=1)
     dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    lifeline.leave(0)  # skip the teardown, where a gloo thread can abort a finished rank (see lifeline)

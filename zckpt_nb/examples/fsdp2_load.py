@@ -9,6 +9,7 @@ and optimizer state, with the LR scheduler and train state it loaded, to OUT.pt,
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -39,10 +40,13 @@ def main(dcp_dir: str, config_dir: str, out: str) -> None:
     if dist.get_rank() == 0:
         torch.save({"model": model_full, "optimizer": optim_full, "lr_scheduler": state["lr_scheduler"],
                     "train_state": state["train_state"], "world_size": dist.get_world_size()}, out)
-        print(f"loaded {dcp_dir} on {dist.get_world_size()} rank(s) at step {state['train_state']['step']}")
+        ranks = "1 rank" if dist.get_world_size() == 1 else f"{dist.get_world_size()} ranks"
+        print(f"loaded {dcp_dir} on {ranks} at step {state['train_state']['step']}")
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    sys.stdout.flush()
+    os._exit(0)  # skip the interpreter's teardown: there a gloo thread can, rarely, abort a finished rank

@@ -14,6 +14,8 @@ gradient_acc_step * world_size"), while `"auto"` micro-batch and accumulation va
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 
 class RandomTokens:
@@ -58,3 +60,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)  # skip the interpreter's teardown: there a gloo thread can, rarely, abort a finished rank

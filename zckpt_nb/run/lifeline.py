@@ -8,6 +8,10 @@ writing checkpoints as orphans. Two guards in every rank (`arm`):
 - a watchdog thread: once a second it checks that the rank's parent is unchanged and that the process that
   called `launch` (the CLI or a notebook kernel, named by `ZCKPT_LAUNCHER`) is still alive, and ends the
   rank with one line when not. torchrun then sees its ranks fail and exits too.
+
+And a rank that finished leaves without the interpreter's teardown (`leave`): once in a few dozen CPU runs a C++
+thread of the gloo backend is still joinable when static destructors run, and `std::terminate` turns a finished
+rank into SIGABRT ("terminate called without an active exception"), which torchrun reports as a failed job.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 LAUNCHER_ENV = "ZCKPT_LAUNCHER"
 
@@ -104,3 +109,10 @@ def signals_interrupt(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def leave(code: int = 0) -> NoReturn:
+    """End this rank now with `code`, its output flushed, skipping the teardown where gloo can abort a finished job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
