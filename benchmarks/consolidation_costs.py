@@ -19,6 +19,7 @@ from pathlib import Path
 
 from zckpt_nb.convert.export import measure_export
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
+from zckpt_nb.format.words import counted
 from zckpt_nb.lessons.consolidation import cost_summary, seed_vs_measured
 from zckpt_nb.run.launch import fresh_dir, launch
 from zckpt_nb.ui.tables import table
@@ -59,7 +60,8 @@ def main() -> None:
 
     summary = cost_summary(costs, run.num_params)
     print(f"\n## {args.model}: P = {run.num_params:,} parameters ({run.num_params * 4 / 2**20:,.1f} MiB in fp32), "
-          f"N = {run.world_size} {run.device} rank(s), {os.cpu_count()} CPU cores, Python {platform.python_version()}")
+          f"N = {counted(run.world_size, run.device + ' rank')}, {os.cpu_count()} CPU cores, "
+          f"Python {platform.python_version()}")
     print(f"command: python {' '.join(sys.argv)}\n")
     print(table(summary).data, "\n")
     print(table(seed_vs_measured(costs, run.num_params)).data, "\n")

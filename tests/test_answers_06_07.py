@@ -20,7 +20,7 @@ def test_the_world_size_answer_sets_the_run_against_the_default_and_the_default_
     two = predicted_for(predict("tiny", 2), "gathered16", 0)["predicted_comm_bytes"]
     assert said.startswith("This run measured N = 3 (the default is 2)")
     assert f"gathered16 4.0 KiB (the cost model: {two / 1024:,.1f} KiB at N = 2)" in said
-    assert "Most: gathered16" in said and "The partitioned save moved 40 B, 9.8e-03x of gathered16's" in said
+    assert "Most: gathered16" in said and "The partitioned save moved 40 B, about 1/102 of gathered16's" in said
     persistent = [record("partitioned", 3, 0, 2000, {"all_gather_into_tensor": 2}), record("per_param", 3, 0, 1000)]
     assert "moved 2,000 B, 2.00x per_param's: not negligible" in save_modes.world_answer(persistent, default_n=2)
     at_2 = [record("gathered16", 2, 0, 4096)]

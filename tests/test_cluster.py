@@ -97,5 +97,7 @@ def test_the_timeout_answer_names_the_bandwidth_where_the_write_outlasts_the_def
     timeouts = {"torch, NCCL": 600.0, "torch, other backends": 1800.0}
     assert timeout_answer("llama-3-8b", 64, floor * 0.9, timeouts).endswith("trips it.")
     assert timeout_answer("llama-3-8b", 64, floor * 1.1, timeouts).endswith("stays within it.")
+    assert "At the exercise's 0.02 GB/s the write would take" in timeout_answer("llama-3-8b", 64, 2.0, timeouts)
+    assert "At the default 2 GB/s the write would take" in timeout_answer("llama-3-8b", 64, 0.02, timeouts)
     assert len(filesystem_table(filesystem_rows("gpt2-xl", [1, 2], 8, 5.0, 8.0))[0]) <= 8
     assert pinned_table(pinned_rows("gpt2-xl", [3]))[0]["rounding adds"].endswith("%")

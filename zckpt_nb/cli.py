@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import CheckpointError, LaunchError, UsageError
+from zckpt_nb.format.words import counted
 from zckpt_nb.run import lifeline
 
 
@@ -28,7 +29,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run = launch(args.nproc, timeout=args.timeout, nodes=nodes, worker=args.worker,
                  **TrainOptions.from_namespace(args).to_dict())
     first, last = (run.losses[0], run.losses[-1]) if run.losses else (float("nan"), float("nan"))
-    print(f"trained {run.num_params:,} parameters on {run.world_size} {run.device} rank(s) ({run.backend}): "
+    print(f"trained {run.num_params:,} parameters on {counted(run.world_size, run.device + ' rank')} ({run.backend}): "
           f"steps {len(run.steps)}, loss {first:.4f} -> {last:.4f}, {run.launch_seconds:.1f} s; "
           f"run.json in {run.output_dir}")
     return 0

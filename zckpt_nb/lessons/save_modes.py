@@ -45,7 +45,8 @@ def principle_sentence(records: list[dict[str, Any]]) -> str:
     for mode in ("gathered16", "per_param"):
         if mode in at_n:
             r = at_n[mode]
-            said.append(f"The {mode} save logged {(r['logged_comm_bytes'] or 0) / KIB:,.1f} KiB on rank 0 at N = {n} "
+            logged = r["logged_comm_bytes"] or 0
+            said.append(f"The {mode} save logged {logged:,} B ({logged / KIB:,.1f} KiB) on rank 0 at N = {n} "
                         f"({ops_named(r)}).")
     return " ".join(said) or "No in-training save mode was compared, so the principle's table is not checked here."
 
@@ -69,7 +70,8 @@ def world_answer(records: list[dict[str, Any]], default_n: int, other_n: int = 3
     moved = "" if part is None else f" The partitioned save moved {part['logged_comm_bytes'] or 0:,} B"
     if part is not None and top is not None:
         ratio = (part["logged_comm_bytes"] or 0) / max(top["logged_comm_bytes"] or 0, 1)
-        moved += (f", {ratio:.1e}x of {top['mode']}'s: next to nothing, but not nothing." if ratio < 0.01 else
+        moved += (f", about 1/{round(1 / ratio):,} of {top['mode']}'s: next to nothing, but not nothing."
+                  if 0 < ratio < 0.01 else f", none of {top['mode']}'s." if ratio == 0 else
                   f", {ratio:.2f}x {top['mode']}'s: not negligible at these settings.")
     elif part is not None:
         moved += "."

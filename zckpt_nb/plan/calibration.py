@@ -10,7 +10,7 @@ from typing import Any
 
 from zckpt_nb.format.words import counted
 from zckpt_nb.plan.costs import MODE_KEYS, Prediction, predict
-from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, seconds, time_terms
+from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, time_terms
 
 MEASURED = Path(__file__).parents[1] / "data" / "measured_cpu_compare.json"  # shipped in zckpt_nb/data/
 
@@ -118,6 +118,12 @@ def rate(seconds_per_byte: float) -> str:
     return f"{1 / seconds_per_byte / GB:.3g} GB/s" if seconds_per_byte else "not fitted (0)"
 
 
+def millis(s: float) -> str:
+    """A fitted time constant in ms, 3 significant figures, so the constants table reads in one unit."""
+    ms = s * 1e3
+    return f"{float(f'{ms:.3g}'):,g} ms" if ms >= 1e-3 else "under 0.001 ms"
+
+
 def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per machine with enough saves, the constants fitted on all of them, as a person reads them."""
     out = []
@@ -126,11 +132,11 @@ def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not enough(mine):
             continue
         c = fit(mine)
-        named = [*((f"{m}: fixed time per save", seconds(c[f"fixed {m}"])) for m in MODE_KEYS),
+        named = [*((f"{m}: fixed time per save", millis(c[f"fixed {m}"])) for m in MODE_KEYS),
                  *((f"{m}: bandwidth, bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
-                 *((f"{m}: time per rank file read", seconds(c[f"files {m}"])) for m in READ_RANK_FILES),
+                 *((f"{m}: time per rank file read", millis(c[f"files {m}"])) for m in READ_RANK_FILES),
                  ("network: bandwidth, bytes received", rate(c["net"])),
-                 ("time of one ring step", seconds(c["steps"]))]
+                 ("time of one ring step", millis(c["steps"]))]
         out += [{"machine": machine, "constant": k, "value": v} for k, v in named]
     return out
 

@@ -20,7 +20,7 @@ MIB = 2**20
 DEFAULT_SIZES = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 DEFAULT_WRITE_GBPS, DEFAULT_FS_CAP_GBPS = 2.0, 500.0
 # the values its exercises ask the learner to set, which the answers give at the defaults too
-EXERCISE_SIZES, EXERCISE_FS_CAP_GBPS = (24, 48, 96), 50.0
+EXERCISE_SIZES, EXERCISE_FS_CAP_GBPS, EXERCISE_WRITE_GBPS = (24, 48, 96), 50.0, 0.02
 
 
 def default_timeouts() -> dict[str, float]:
@@ -151,17 +151,24 @@ def slowest_write_within(name: str, n: int, timeout_s: float, dtype: str = "bf16
     return predict(name, n, dtype).gathered["written_bytes"] / timeout_s / GB
 
 
-def timeout_answer(name: str, n: int, write_gbps: float, timeouts: dict[str, float], dtype: str = "bf16") -> str:
-    """Whether a gathered save at `write_gbps` trips the shortest default timeout, and the bandwidth where it would."""
+def timeout_answer(name: str, n: int, write_gbps: float, timeouts: dict[str, float], dtype: str = "bf16",
+                   exercise_gbps: float = EXERCISE_WRITE_GBPS) -> str:
+    """Whether a gathered save at `write_gbps` trips the shortest default timeout, and the bandwidth where it would;
+    the same for the exercise's bandwidth (for the default when the run uses the exercise's)."""
     key = min(timeouts, key=lambda k: timeouts[k])
     floor = slowest_write_within(name, n, timeouts[key], dtype)
     written = predict(name, n, dtype).gathered["written_bytes"]
-    default = "" if write_gbps == DEFAULT_WRITE_GBPS else \
-        f" (at the default {DEFAULT_WRITE_GBPS:g} GB/s: {written / (DEFAULT_WRITE_GBPS * GB):,.3g} s)"
+    other = DEFAULT_WRITE_GBPS if write_gbps == exercise_gbps else exercise_gbps
+    label = "the default" if other == DEFAULT_WRITE_GBPS else "the exercise's"
+
+    def takes(gbps: float) -> str:
+        return f"{written / (gbps * GB):,.3g} s"
+
     return (f"Rank 0 writes {written / GIB:.1f} GiB of {name} alone, so any write bandwidth below {floor:.3g} GB/s "
-            f"outlasts the {key} default of {timeouts[key]:g} s. At WRITE_GBPS = {write_gbps:g} its write takes "
-            f"{written / (write_gbps * GB):,.3g} s{default}, so the gathered save "
-            + ("trips it." if write_gbps < floor else "stays within it."))
+            f"outlasts the {key} default of {timeouts[key]:g} s. At {label} {other:g} GB/s the write would take "
+            f"{takes(other)}, " + ("over it" if other < floor else "within it") + f". At WRITE_GBPS = {write_gbps:g} "
+            f"it takes {takes(write_gbps)}, so the gathered save " + ("trips it." if write_gbps < floor
+                                                                        else "stays within it."))
 
 
 def bandwidth_note(rows: list[dict[str, Any]], plan_rows: list[dict[str, Any]], write_gbps: float,

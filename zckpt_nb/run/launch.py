@@ -29,6 +29,7 @@ from typing import Any
 from zckpt_nb.errors import LaunchError, LaunchStopped, LaunchTimeout, UsageError
 from zckpt_nb.format.disk import check_writable
 from zckpt_nb.format.layout import committed_tags
+from zckpt_nb.format.words import counted
 from zckpt_nb.run import lifeline, lock
 from zckpt_nb.run.devices import Placement, gpu_count, too_many
 from zckpt_nb.run.nodes import ONE_NODE, Nodes
@@ -291,7 +292,7 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     check_train_args(nproc, opts, timeout=timeout, nodes=nodes, placement=placement)
     output_dir.mkdir(parents=True, exist_ok=True)
     where = f" of node {nodes.node_rank} ({nodes.nnodes} nodes)" if nodes.nnodes > 1 else ""
-    name = f"train {opts.model} on {nproc} rank(s){where} -> {output_dir}"
+    name = f"train {opts.model} on {counted(nproc, 'rank')}{where} -> {output_dir}"
     try:
         mine = lock.take(output_dir, nodes.job(), nodes.node_rank)  # after the checks, before any write
     except lock.FolderInUse as e:
