@@ -184,8 +184,8 @@ def tag_to_resume(ckpt_dir: str | Path, among: set[str] | None = None) -> tuple[
     tag = committed[-1]
     newer = [t for t in incomplete_tags(ckpt_dir) if tag_step(t) > tag_step(tag)]
     partial = [t for t in committed_tags(ckpt_dir) if tag_step(t) > tag_step(tag)]  # committed here, not everywhere
-    notes = [f"ignoring incomplete checkpoint(s) {', '.join(newer)} (no manifest: the save never committed)"] \
-        if newer else []
+    what = "checkpoint" if len(newer) == 1 else "checkpoints"
+    notes = [f"ignoring incomplete {what} {', '.join(newer)} (no manifest: the save never committed)"] if newer else []
     notes += [f"ignoring {', '.join(partial)} (not committed on every node)"] if partial else []
     if latest_name(ckpt_dir) != tag:
         notes.append(f"'latest' names {latest_name(ckpt_dir)}, the newest committed is {tag}")
