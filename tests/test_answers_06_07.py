@@ -53,6 +53,8 @@ def test_the_batch_answer_compares_with_the_presets_batch_and_the_dtypes_toleran
     at_default = worlds.batch_answer(rows, 16, 16, 8, "fp32")
     assert "set `GLOBAL_BATCH = 7`" in at_default
     assert "(with 7: 2 to 3 sequences per rank in 1 micro-step)" in at_default
+    with_source = worlds.batch_answer(rows, 16, 16, 8, "fp32", source_n=2)
+    assert with_source.count("on 2 ranks (the saving run): 8 sequences") == 1
 
 
 @pytest.mark.fast

@@ -235,7 +235,7 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert claims.reshard_sentence(rows, base.data["dtype"]) in text
     preset = get_preset("tiny")
     assert worlds.batch_answer(rows, base.data["global_batch"], preset.global_batch, preset.micro_batch,
-                               base.data["dtype"]) in text  # exercise 1
+                               base.data["dtype"], base.world_size) in text  # exercise 1
     assert base.data["dtype"] == lesson_dtype(parameters.get("DTYPE", "auto"))
     local = sorted(runs.glob("node*"))
     assert len(local) == parameters.get("NODES", 2) and worlds.nodes_answer(folder_rows(local), 2) in text

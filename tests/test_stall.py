@@ -134,3 +134,14 @@ def test_resetting_the_kernel_rss_peak_keeps_the_run_wide_peak():
         pytest.skip("this kernel refuses /proc/self/clear_refs (HostMemory samples RSS instead)")
     assert meters.rss_high_water() < before - 50 * 2**20  # the kernel's counter restarted ...
     assert meters.host_peak_bytes() >= before  # ... and run.json's peak did not
+
+
+def test_an_async_save_slower_than_plain_is_explained_and_the_decoupled_answer_names_plains_total():
+    plain = [stall.save_record("plain", 0, save(t, 0, s, None)) for t, s in (("a", 0.015), ("b", 0.016), ("c", 0.017))]
+    slow = [stall.save_record("async", 0, save(t, 0, s, 0.08, snapshot=2**20))
+            for t, s in (("a", 0.033), ("b", 0.034), ("c", 0.035))]
+    sentence = stall.stall_sentence(stall.summary(plain + slow))
+    assert "Here async stopped training 2.1x as long as plain" in sentence and "(1.00 MiB)" in sentence
+    fast = [{**r, "stall_seconds": 0.005} for r in slow]
+    assert "Here async" not in stall.stall_sentence(stall.summary(plain + fast))
+    assert "plain stopped training 0.048 s in all on its slowest rank over 3 saves" in stall.decoupled_sentence(plain)

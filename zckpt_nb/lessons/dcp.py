@@ -102,10 +102,15 @@ def startup_seconds(costs: dict[str, Any]) -> float:
     return max(0.0, costs["to_dcp"]["seconds"] - sum(stage_seconds(costs).values()))
 
 
+def secs(x: float) -> str:
+    """Seconds to 2 decimals under 10 s, 1 above, so a short stage does not round to nothing beside a whole."""
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
 def time_compared(costs: dict[str, Any]) -> str:
     """to-dcp's whole command against zero_to_fp32.py, each timed once: within 10% is a tie, not a ranking."""
     mine, theirs = costs["to_dcp"]["seconds"], costs["zero_to_fp32"]["seconds"]
-    told = f"{mine:.1f} s against zero_to_fp32.py's {theirs:.1f} s"
+    told = f"{secs(mine)} s against zero_to_fp32.py's {secs(theirs)} s"
     if abs(mine / theirs - 1) <= 0.1:
         return f"about the time of zero_to_fp32.py ({told}, one run each: a tie)"
     return f"{mine / theirs:.2f}x the time of zero_to_fp32.py ({told})"
@@ -115,11 +120,11 @@ def time_made_of(costs: dict[str, Any]) -> str:
     """What the two times are made of: start-up and imports against bytes, and where the bytes would dominate."""
     mine, written = costs["to_dcp"]["seconds"], costs["manifest"]["conversion"]["bytes"]
     ratio = written / costs["zero_to_fp32"]["bytes"]
-    return (f"Of to-dcp's {mine:.1f} s, {startup_seconds(costs):.1f} s lay outside its timed stages: process start-up "
-            "and imports, which zero_to_fp32.py, a process of its own, pays too. The bytes are another matter: to-dcp "
-            f"wrote {ratio:.1f}x zero_to_fp32.py's bytes (both moments besides the weights) and made them durable "
-            "(fsync), so on a model large enough for the bytes to dominate it takes longer; docs/dcp.md measures "
-            "both on `large`.")
+    return (f"Of to-dcp's {secs(mine)} s, {secs(startup_seconds(costs))} s lay outside its timed stages: process "
+            "start-up and imports, which zero_to_fp32.py, a process of its own, pays too. The bytes are another "
+            f"matter: to-dcp wrote {ratio:.1f}x zero_to_fp32.py's bytes (both moments besides the weights) and made "
+            "them durable (fsync), so on a model large enough for the bytes to dominate it takes longer; docs/dcp.md "
+            "measures both on `large`.")
 
 
 def via_universal(costs: dict[str, Any]) -> bool:
@@ -132,20 +137,20 @@ def cost_rows(costs: dict[str, Any]) -> list[dict[str, Any]]:
     c, mib = costs["manifest"]["conversion"], 2**20
     uni, everything = c["universal"], "weights, both moments, step, LR, data position"
     fp32 = costs["zero_to_fp32"]
-    rows = [{"route": "zero_to_fp32.py", "keeps": "fp32 weights", "time (s)": f"{fp32['seconds']:.1f}",
+    rows = [{"route": "zero_to_fp32.py", "keeps": "fp32 weights", "time (s)": secs(fp32["seconds"]),
              "peak RSS (MiB)": round(fp32["peak_rss_bytes"] / mib), "written (MiB)": f"{fp32['bytes'] / mib:.2f}"}]
     if via_universal(costs):
         rows.append({"route": "to-dcp, stage 1: ds_to_universal" + (" (reused)" if uni["reused"] else ""),
-                     "keeps": "weights, both moments", "time (s)": f"{uni['seconds']:.1f}",
+                     "keeps": "weights, both moments", "time (s)": secs(uni["seconds"]),
                      "peak RSS (MiB)": round(uni["peak_rss_bytes"] / mib),
                      "written (MiB)": f"{uni['bytes'] / mib:.2f}"})
     source = "stage 2: DCP writer" if via_universal(costs) else "DCP writer, reading the rank files"
-    rows.append({"route": f"to-dcp, {source}", "keeps": everything, "time (s)": f"{c['seconds']:.1f}",
+    rows.append({"route": f"to-dcp, {source}", "keeps": everything, "time (s)": secs(c["seconds"]),
                  "peak RSS (MiB)": round(c["peak_rss_bytes"] / mib), "written (MiB)": f"{c['bytes'] / mib:.2f}"})
     rows.append({"route": "to-dcp, start-up and imports (whole minus stages)", "keeps": "-",
-                 "time (s)": f"{startup_seconds(costs):.1f}", "peak RSS (MiB)": "-", "written (MiB)": "-"})
+                 "time (s)": secs(startup_seconds(costs)), "peak RSS (MiB)": "-", "written (MiB)": "-"})
     rows.append({"route": "to-dcp, the whole command", "keeps": everything,
-                 "time (s)": f"{costs['to_dcp']['seconds']:.1f}",
+                 "time (s)": secs(costs["to_dcp"]["seconds"]),
                  "peak RSS (MiB)": round(costs["to_dcp"]["peak_rss_bytes"] / mib),
                  "written (MiB)": f"{c['bytes'] / mib:.2f}"})
     return rows

@@ -13,6 +13,7 @@ from zckpt_nb.run.launch import launch_module
 
 OWN_LOOP, TRAINER_LOOP = "zckpt_nb.examples.own_loop", "zckpt_nb.examples.trainer_loop"
 DEFAULT_NPROC, DEFAULT_DROP = 2, (-1, "optim_states")  # notebook 08's defaults, which its answers compare against
+EXERCISE_DROP = (0, "model_states")  # notebook 08's exercise 2
 EXERCISE_NPROC = 3  # exercise 1's world size, which the answer gives at the default too
 
 
@@ -177,16 +178,15 @@ def drop_answer(ckpt_dir: str | Path, work: str | Path, tag: str, rank: int, kin
         return f"rank {r % world}'s {k.replace('_', ' ')}", "record" in text
 
     mine, known = said(rank, kind, "answer_drop")
-    base, base_known = said(*DEFAULT_DROP, "answer_default_drop")
+    at_default = (rank % world, kind) == (DEFAULT_DROP[0] % world, DEFAULT_DROP[1])
+    other, other_known = said(*(EXERCISE_DROP if at_default else DEFAULT_DROP), "answer_other_drop")
     count = (f"and still tells the world size ({world} ranks), read from rank 0's model states" if known else
              "and cannot tell how many ranks the checkpoint had: it reads the world size from rank 0's model states, "
              "the very file that is gone, so it names only that file")
-    said_here = f"with {mine} gone, adopt refuses and names {mine} as missing, {count}."
-    if (mine, known) == (base, base_known):
-        return ('These are the defaults (set DROP_RANK = 0 and DROP_FILE = "model_states" for the exercise): '
-                + said_here)
-    return (f"{said_here[0].upper()}{said_here[1:]} With the default drop ({base}) it named that file "
-            f"{'and' if base_known else 'but not'} the world size.")
+    label = "the exercise's drop" if at_default else "the default drop"
+    return (f"With {mine} gone, adopt refuses and names {mine} as missing, {count}. With {label} ({other}) it "
+            f"names that file {'and' if other_known else 'but not'} the world size"
+            + ("." if other_known else ": the world size is read from the file that is gone."))
 
 
 def save_model_fallback() -> str:

@@ -41,17 +41,19 @@ def sequences_per_rank(batch: int, n: int) -> str:
 
 
 def batch_answer(rows: list[dict[str, Any]], global_batch: int, default_batch: int, micro_batch: int,
-                 dtype: str) -> str:
-    """Exercise 1 for the global batch this run used: each world size's split against the preset's default batch's,
-    and the largest loss difference against the tolerance of the run's `dtype` (`claims.RESUME_TOLERANCE`)."""
+                 dtype: str, source_n: int | None = None) -> str:
+    """Exercise 1 for the global batch this run used: each world size's split (the saving run's `source_n` first)
+    against the preset's default batch's, and the largest loss difference against the tolerance of the run's `dtype`
+    (`claims.RESUME_TOLERANCE`)."""
     def split(batch: int, n: int) -> str:
         return (f"{sequences_per_rank(batch, n)} sequences per rank in "
                 f"{counted(accumulation_steps(batch, n, micro_batch), 'micro-step')}")
 
     other = EXERCISE_BATCH if global_batch == default_batch else default_batch
-    each = "; ".join(f"on {counted(r['resumed on N'], 'rank')}: {split(global_batch, r['resumed on N'])}"
-                     + ("" if other == global_batch else f" (with {other}: {split(other, r['resumed on N'])})")
-                     for r in rows)
+    sizes = dict.fromkeys([*([source_n] if source_n else []), *(r["resumed on N"] for r in rows)])
+    each = "; ".join(f"on {counted(n, 'rank')}{' (the saving run)' if n == source_n else ''}: "
+                     f"{split(global_batch, n)}"
+                     + ("" if other == global_batch else f" (with {other}: {split(other, n)})") for n in sizes)
     ran = (f"This run used the preset's global batch of {default_batch} (set `GLOBAL_BATCH = {EXERCISE_BATCH}` for "
            "a batch that 2 and 3 ranks cannot split evenly; its split is in brackets)"
            if global_batch == default_batch else

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 from pathlib import Path
 from typing import Any
@@ -141,14 +142,25 @@ def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def misfit(error: float) -> float:
+    """How far a prediction missed, as |log(predicted / measured)|: 10x under counts as much as 10x over."""
+    return abs(math.log(max(1 + error, 1e-9)))
+
+
+def as_factor(error: float) -> str:
+    """A relative error as a person reads a miss: '2.8x over', '10.3x under'."""
+    ratio = max(1 + error, 1e-9)
+    return f"{ratio:.1f}x over" if ratio >= 1 else f"{1 / ratio:.1f}x under"
+
+
 def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) -> str:
     """How many predicted times lie within `tolerance` of the measured ones, both ways, and the bytes verdict."""
     def within(key: str) -> str:
         rated = [r for r in rows if r[key] is not None]
         near = sum(abs(r[key]) <= tolerance for r in rated)
-        worst = max(rated, key=lambda r: abs(r[key]), default=None)
+        worst = max(rated, key=lambda r: misfit(r[key]), default=None)
         return (f"{near} of {len(rated)} within {tolerance:.0%}" + (f" (worst: {worst['model']} {worst['mode']} at "
-                f"N = {worst['N']}, {worst[key]:+.0%})" if worst else ""))
+                f"N = {worst['N']}, {as_factor(worst[key])})" if worst else ""))
 
     exact = sum(r["bytes exact"] for r in rows)
     repeats = [x / r["measured s"] - 1 for r in rows for x in r["repeat s"]]
@@ -189,7 +201,7 @@ def calibration_table(rows: list[dict[str, Any]], shown: int = 12) -> list[dict[
 
 def worst_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Calibrated saves by the fitted prediction's error, largest first (unfitted last)."""
-    return sorted(rows, key=lambda r: -abs(r["fitted error"] or 0))
+    return sorted(rows, key=lambda r: -misfit(r["fitted error"] or 0))
 
 
 def save_calibration(rows: list[dict[str, Any]], path: str | Path) -> Path:
