@@ -35,6 +35,7 @@ def test_padding_answer_compares_the_changed_world_size_with_the_default():
     assert f"added {pad:,} padding elements" in changed
     default = partitions.padding_answer([info(1), info(2)], "tiny", default_n=2)
     assert "At N = 2" in default and "set `WORLD_SIZES = [2, 3]`" in default
+    assert f"{predict('tiny', 3).padding_numel:,} padding elements in all: set" in default
 
 
 def test_threshold_answer_compares_with_the_default_threshold_measured_or_predicted():
@@ -43,7 +44,9 @@ def test_threshold_answer_compares_with_the_default_threshold_measured_or_predic
     assert f"against {P // 2:,} at threshold 0 (measured)" in measured and "stayed at 2.47 MiB" in measured
     predicted = partitions.threshold_answer([big], [big], "tiny", "fp32")
     assert "(the cost model)" in predicted
-    assert "Set `PERSISTENCE_THRESHOLD = 100_000`" in partitions.threshold_answer([base], [base, big], "tiny", "fp32")
+    at_default = partitions.threshold_answer([base], [base, big], "tiny", "fp32")
+    held = predict("tiny", 2, persistence_threshold=partitions.EXERCISE_THRESHOLD).held_numel
+    assert "With `PERSISTENCE_THRESHOLD = 10_000`" in at_default and f"{held:,} elements and" in at_default
 
 
 def test_dtype_answer_names_the_other_dtypes_file():

@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     except RuntimeError as e:  # a collective outside the package's save timed out or lost a peer: one line
         if not is_peer_failure(e):
             raise
-        print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective outside the package's save "
-              "(in a training step, or in DeepSpeed's own save_checkpoint and its barrier) timed out or lost a rank "
+        print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective in a training step or in "
+              "DeepSpeed's own save_checkpoint (its tag check and barrier) timed out or lost a rank "
               f"({short_line(str(e).strip().splitlines()[0], 160)}); is some rank stuck, dead or saving alone?",
               file=sys.stderr, flush=True)
         sys.exit(1)
@@ -413,7 +413,7 @@ def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> 
     records = gather_rank_records({
         "rank": rank, **peak_memory(worker.device), "save_seconds": log.save_seconds,
         "saves": log.saves, "step_starts": log.step_starts, "loop_seconds": log.loop_seconds,
-        "files": rank_files(opts.output_dir, tag, rank) if tag else [], "held": worker.held,
+        "files": rank_files(opts.output_dir, tag, rank, committed=True) if tag else [], "held": worker.held,
         "state_dict": placeholders, "save_costs": save_costs,
     })
     costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs

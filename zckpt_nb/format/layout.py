@@ -104,11 +104,13 @@ def writes_folder(node_local: bool) -> bool:
     return int(os.environ.get("LOCAL_RANK" if node_local else "RANK", 0)) == 0
 
 
-def rank_files(output_dir: str | Path, tag: str, rank: int) -> list[dict[str, Any]]:
-    """The files rank `rank` wrote for checkpoint `tag`, with their sizes in bytes, read from disk."""
+def rank_files(output_dir: str | Path, tag: str, rank: int, committed: bool = False) -> list[dict[str, Any]]:
+    """The files rank `rank` wrote for checkpoint `tag`, with their sizes in bytes, read from disk; `committed`
+    adds the manifest rank 0 wrote last, where there is one."""
     root = Path(output_dir)
     paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))
     if rank == 0:
         shared = ("latest", "zero_to_fp32.py", "zero_to_torch.py", *SHARED_FILES)
         paths += [root / name for name in shared if (root / name).is_file()]
+        paths += [root / tag / MANIFEST] if committed and (root / tag / MANIFEST).is_file() else []
     return [{"path": str(p.relative_to(root)), "bytes": p.stat().st_size} for p in paths]

@@ -181,7 +181,10 @@ def freeze_answer(rows: list[dict[str, Any]], loads: dict[str, Any], freeze: str
             f"{excluded['total (MiB)']:.3f} MiB, {excluded['total (MiB)'] / full['total (MiB)']:.0%} of the "
             f"{full['total (MiB)']:.3f} MiB the save with them wrote, and the strict load of it {strict}.")
     if freeze == default:
-        return f"{text} That is the default `FREEZE`: set it to \"embeddings\" and run again to compare."
+        other = frozen_numel(model, rules["embeddings"])
+        return (f"{text} That is the default `FREEZE`. With `FREEZE = \"embeddings\"` {other:,} parameters "
+                f"({other / p:.0%}) would be frozen, {4 * other / 2**20:.3f} MiB of fp32 weights that "
+                "`exclude_frozen_parameters=True` leaves out of every save: set it and run again to measure it.")
     other = frozen_numel(model, rules[default])
     return (f"{text} The default `FREEZE = \"{default}\"` freezes {other:,} ({other / p:.0%}): its frozen weights "
             f"take about {4 * other / 2**20:.3f} MiB of every save (4 bytes each), against "
@@ -213,7 +216,10 @@ def nproc_answer(root: str | Path, num_params: int, nproc: int, model: str, defa
     text = (f"At N = {nproc} the bf16 checkpoint ({mib['bf16']} MiB) is {same} the fp32 one ({mib['fp32']} MiB)"
             f"{to_mib}. {held}: {expected}.")
     if nproc == default:
-        return f"{text} That is the default `NPROC`: set `NPROC = 3` and run again to see padding."
+        three = predict(model, 3).padding_numel
+        return (f"{text} That is the default `NPROC`. At N = 3 the cost model gives {three:,} padding elements, so "
+                f"{12 * (num_params + three) / num_params:.4f} bytes per parameter in either dtype: set `NPROC = 3` "
+                "and run again to measure it.")
     dtype = "changed nothing" if f"{per['bf16']:.4f}" == f"{per['fp32']:.4f}" else "changed them too"
     return (f"{text} At the default N = {default} the cost model gives {base.padding_numel:,} padding elements, so "
             f"{12 * (num_params + base.padding_numel) / num_params:.4f} bytes per parameter: N changed the bytes per "

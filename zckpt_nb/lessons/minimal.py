@@ -133,7 +133,8 @@ def shard_answer(info: CheckpointInfo, default_nproc: int = 2) -> str:
             f"12 bytes (fp32 weights and Adam's two moments), predicts {mib(n):.3f} MiB of tensors per rank; the "
             f"files hold {held} of tensor data ({files} with headers){why}.")
     if n == default_nproc:
-        return f"{text} That is the default `NPROC`: set `NPROC = 3` and run again to see each shard shrink."
+        return (f"{text} That is the default `NPROC`. At N = 3 the same rule gives {mib(3):.3f} MiB per rank, "
+                f"{default_nproc}/3 of this: set `NPROC = 3` and run again to measure it.")
     return (f"{text} At the default N = {default_nproc} the same rule gives {mib(default_nproc):.3f} MiB: "
             f"{n} ranks each hold {default_nproc}/{n} = {default_nproc / n:.2f} of that.")
 

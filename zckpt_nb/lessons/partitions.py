@@ -115,13 +115,18 @@ def padding_answer(infos: list[CheckpointInfo], model: str, default_n: int = 2) 
     said = (f"At N = {n} each rank's slice held {s:,} elements (P/N = {exact_ratio(info.num_params, n)}), so "
             f"N x slice - P = {pad:,} padding elements in all, read from the files.")
     if n == default_n:
-        return (f"{said} That is the default's largest N: set `WORLD_SIZES = [2, 3]` and run again to see "
-                "what a world size that does not divide the tensors adds.")
+        three = predict(model, 3)
+        return (f"{said} That is the default's largest N. At N = 3 the cost model (exact to the element in section "
+                f"5) gives {three.slice_numel:,} elements per slice and {three.padding_numel:,} padding elements in "
+                "all: set `WORLD_SIZES = [2, 3]` and run again to measure it.")
     return (f"{said} At the default's N = {default_n} the cost model (exact to the element in section 5) gives "
             f"{base.slice_numel:,} elements and {base.padding_numel:,} padding: N = {n} "
             + (f"added {pad - base.padding_numel:,} padding elements ({pad / info.num_params:.3%} of P), a few per "
                "tensor whose size N does not divide." if pad > base.padding_numel else
                "divides every tensor too, so it added no padding."))
+
+
+EXERCISE_THRESHOLD = 10_000  # notebook 01's exercise 2
 
 
 def threshold_answer(rows: list[dict[str, Any]], measured: list[dict[str, Any]], model: str, dtype: str,
@@ -130,8 +135,12 @@ def threshold_answer(rows: list[dict[str, Any]], measured: list[dict[str, Any]],
     threshold: measured where a run of `measured` had it, else the cost model's (exact in sections 5 and 6)."""
     if all(r["threshold"] == default for r in rows):
         held = ", ".join(f"{r['held per rank']:,} at N = {r['N']}" for r in rows)
-        return (f"These runs used the default threshold {default:,}: each rank held exactly its slice ({held}). Set "
-                "`PERSISTENCE_THRESHOLD = 100_000` and run again to see the main runs with persistent tensors.")
+        preds = {r["N"]: predict(model, r["N"], dtype=dtype, persistence_threshold=EXERCISE_THRESHOLD) for r in rows}
+        then = ", ".join(f"{p.held_numel:,} elements and {p.partitioned['per_rank_file_bytes'] / MIB:.2f} MiB of "
+                         f"shard files per rank at N = {n}" for n, p in preds.items())
+        return (f"These runs used the default threshold {default:,}: each rank held exactly its slice ({held}). With "
+                f"`PERSISTENCE_THRESHOLD = {EXERCISE_THRESHOLD:_}` the cost model (exact in section 6) gives {then}. "
+                "Set it and run again to measure it.")
     out = []
     for r in sorted(rows, key=lambda r: r["N"]):
         same = [m for m in measured if m["N"] == r["N"] and m["threshold"] == default]

@@ -80,7 +80,7 @@ def plot_save_outcomes(steps: Sequence[int], losses: Sequence[float], saves: Seq
     for ok, marker, color, name in ((True, "^", "tab:green", "save committed"), (False, "X", "tab:red", "save failed")):
         xs = [s["step"] for s in saves if s["committed"] == ok]
         ax.scatter(xs, [by_step[x] for x in xs], marker=marker, s=90, color=color, label=name, zorder=3)
-    ax.set(title=title, xlabel="optimizer step, as the log counts it (count)", ylabel="training loss (nats per token)")
+    ax.set(title=title, xlabel="optimizer step (count)", ylabel="training loss (nats per token)")
     ax.legend()
     return add_caption(fig, caption)
 
