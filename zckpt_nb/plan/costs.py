@@ -201,7 +201,7 @@ def format_prediction(pred: Prediction, consolidated: bool = True) -> str:
         + (f"{part['per_rank_file_bytes']:,} bytes in its two files (torch.save's header included)"
            if part["per_rank_file_bytes"] else "its files add a header that holds the run's own DeepSpeed config and "
            "client state (not predicted for a config)")
-        + f"; collectives {part['comm_bytes_per_rank']:,}"
+        + f"\n  partitioned save's collectives: {part['comm_bytes_per_rank']:,}"
         f" bytes per rank ({part['tag_check_bytes_per_rank']} for the tag check, DeepSpeed's check that every rank "
         f"saves under the same tag; {part['regather_bytes_per_rank']:,} to gather the persistent tensors again)",
     ]
