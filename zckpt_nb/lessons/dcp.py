@@ -116,6 +116,13 @@ def time_compared(costs: dict[str, Any]) -> str:
     return f"{mine / theirs:.2f}x the time of zero_to_fp32.py ({told})"
 
 
+def time_summary(costs: dict[str, Any]) -> str:
+    """The two whole commands' seconds and how much of to-dcp's was start-up and imports, for a summary line."""
+    return (f"to-dcp's whole command took {secs(costs['to_dcp']['seconds'])} s, {secs(startup_seconds(costs))} s of "
+            f"it process start-up and imports, and zero_to_fp32.py's {secs(costs['zero_to_fp32']['seconds'])} s "
+            "(start-up included)")
+
+
 def time_made_of(costs: dict[str, Any]) -> str:
     """What the two times are made of: start-up and imports against bytes, and where the bytes would dominate."""
     mine, written = costs["to_dcp"]["seconds"], costs["manifest"]["conversion"]["bytes"]
