@@ -85,8 +85,8 @@ def test_calibration_table_is_readable_and_the_file_holds_every_save(tmp_path):
     rows = calibration(measured_records(), Bandwidths(0.5, 2.0, 0.5))
     shown = calibration_table(rows, 5)
     assert len(shown) == 5 and len(shown[0]) <= 8
-    misses = [misfit(float(r["fitted error"].rstrip("%")) / 100) for r in shown]  # 1.43x under before 1.32x over
-    assert misses == sorted(misses, reverse=True)
+    factors = [float(r["fitted, miss"].split("x")[0]) for r in shown]  # '1.43x under' before '1.32x over'
+    assert factors == sorted(factors, reverse=True)
     assert (as_factor(-0.9), as_factor(1.83)) == ("10.0x under", "2.8x over") and misfit(-0.9) > misfit(1.83)
     with save_calibration(rows, tmp_path / "calibration.csv").open() as f:
         assert len(list(csv.DictReader(f))) == len(rows)

@@ -67,3 +67,12 @@ def test_a_gloo_line_loses_its_source_folders_and_is_cut_between_words(tmp_path)
     assert "(RuntimeError: [pair.cc:553] Connection closed by peer" in report[1] and "__w" not in report[1]
     kept = report[2].removeprefix("  rank 1: ").removesuffix("...")
     assert report[2].endswith("...") and long.startswith(kept + " "), report[2]  # cut between two words
+
+
+def test_an_exceptions_gist_is_its_first_sentence_without_source_folders():
+    from zckpt_nb.errors import gist
+
+    lost = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:40656. This is typically caused by a remote worker crashing. Check the logs.")
+    assert gist(lost) == "[pair.cc:553] Connection closed by peer [127.0.0.1]:40656"
+    assert gist(RuntimeError("Timed out. x")) == "Timed out. x"  # a first sentence too short to stand alone

@@ -80,10 +80,18 @@ def short_line(line: str, width: int) -> str:
     return (cut[:space] if space > width // 2 else cut) + "..."
 
 
+def gist(err: BaseException, width: int = 120) -> str:
+    """An exception's first sentence of its first line, shortened (`short_line`): gloo's "Connection closed by peer
+    [addr]" without the advice that follows it, so the caller's own words still fit on the line."""
+    first = (str(err).strip().splitlines() or [""])[0]
+    head = first.split(". ", 1)[0]
+    return short_line(head if len(head) >= 20 else first, width)
+
+
 def peer_failure(err: BaseException, rank: int, doing: str, detail: str = "") -> CollectiveTimeout:
     """The one error every rank raises for a lost peer or timed-out collective `doing` something, with no further
     collective (the process group cannot be trusted again)."""
-    said = short_line((str(err).strip().splitlines() or [""])[0], 160)
+    said = gist(err)
     return CollectiveTimeout(f"rank {rank}: {doing} stopped{detail}: a peer rank died or a collective timed out "
                              f"({type(err).__name__}: {said}); every rank stops, 'latest' was not moved")
 

@@ -30,8 +30,8 @@ from zckpt_nb.errors import (
     LayoutError,
     RunIncomplete,
     describe_error,
+    gist,
     is_peer_failure,
-    short_line,
 )
 from zckpt_nb.format.client_state import CLIENT_KEY, client_state
 from zckpt_nb.format.disk import atomic_write
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"zckpt_nb.train: error: rank {os.environ.get('RANK', '?')}: a collective in a training step or in "
               "DeepSpeed's own save_checkpoint (its tag check and barrier) timed out or lost a rank "
-              f"({short_line(str(e).strip().splitlines()[0], 160)}); is some rank stuck, dead or saving alone?",
+              f"({gist(e)}); is some rank stuck, dead or saving alone?",
               file=sys.stderr, flush=True)
         sys.exit(1)
 

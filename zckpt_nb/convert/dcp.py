@@ -43,6 +43,7 @@ from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
 from zckpt_nb.format.manifest import FORMAT, elsewhere, file_record, read_manifest, sha256_file
+from zckpt_nb.format.sizes import secs
 from zckpt_nb.format.words import counted
 from zckpt_nb.measure import meters
 from zckpt_nb.model import model_config
@@ -413,7 +414,7 @@ def describe_to_dcp(manifest: dict[str, Any]) -> str:
     return (f"{manifest['tag']} (saved by {ranks}, step {manifest['step']}) is now a "
             f"DCP checkpoint of {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files, read from its "
             f"{c.get('route', UNIVERSAL_COPY)} and written in "
-            f"{c['seconds']:.1f} s with a peak of {extra:.0f} MiB above the converter's baseline; FSDP2 loads it on "
+            f"{secs(c['seconds'])} s with a peak of {extra:.0f} MiB above the converter's baseline; FSDP2 loads it on "
             "any number of ranks with dcp.load and set_state_dict")
 
 

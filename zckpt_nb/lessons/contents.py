@@ -182,9 +182,13 @@ def freeze_answer(rows: list[dict[str, Any]], loads: dict[str, Any], freeze: str
             f"{full['total (MiB)']:.3f} MiB the save with them wrote, and the strict load of it {strict}.")
     if freeze == default:
         other = frozen_numel(model, rules["embeddings"])
+        fails = ("and its strict load would fail as this one did: the frozen weights' keys are not in its files"
+                 if strict == "failed" else "and its strict load would work as this one did")
         return (f"{text} That is the default `FREEZE`. With `FREEZE = \"embeddings\"` {other:,} parameters "
                 f"({other / p:.0%}) would be frozen, {4 * other / 2**20:.3f} MiB of fp32 weights that "
-                "`exclude_frozen_parameters=True` leaves out of every save: set it and run again to measure it.")
+                f"`exclude_frozen_parameters=True` leaves out of every save, about "
+                f"{1 - 4 * other / 2**20 / full['total (MiB)']:.0%} of this run's full save left, {fails}: set it "
+                "and run again to measure it.")
     other = frozen_numel(model, rules[default])
     return (f"{text} The default `FREEZE = \"{default}\"` freezes {other:,} ({other / p:.0%}): its frozen weights "
             f"take about {4 * other / 2**20:.3f} MiB of every save (4 bytes each), against "

@@ -10,6 +10,7 @@ from typing import Any
 from zckpt_nb.convert.dcp import largest_state_bytes
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.manifest import read_manifest
+from zckpt_nb.format.sizes import secs
 from zckpt_nb.format.words import counted
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
 from zckpt_nb.measure.trace import trace_command
@@ -102,11 +103,6 @@ def startup_seconds(costs: dict[str, Any]) -> float:
     return max(0.0, costs["to_dcp"]["seconds"] - sum(stage_seconds(costs).values()))
 
 
-def secs(x: float) -> str:
-    """Seconds to 2 decimals under 10 s, 1 above, so a short stage does not round to nothing beside a whole."""
-    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
-
-
 def time_compared(costs: dict[str, Any]) -> str:
     """to-dcp's whole command against zero_to_fp32.py, each timed once: within 10% is a tie, not a ranking."""
     mine, theirs = costs["to_dcp"]["seconds"], costs["zero_to_fp32"]["seconds"]
@@ -118,9 +114,9 @@ def time_compared(costs: dict[str, Any]) -> str:
 
 def time_summary(costs: dict[str, Any]) -> str:
     """The two whole commands' seconds and how much of to-dcp's was start-up and imports, for a summary line."""
-    return (f"to-dcp's whole command took {secs(costs['to_dcp']['seconds'])} s, {secs(startup_seconds(costs))} s of "
-            f"it process start-up and imports, and zero_to_fp32.py's {secs(costs['zero_to_fp32']['seconds'])} s "
-            "(start-up included)")
+    return (f"`to-dcp`'s whole command took {secs(costs['to_dcp']['seconds'])} s ({secs(startup_seconds(costs))} s "
+            f"of it process start-up and imports); `zero_to_fp32.py` took {secs(costs['zero_to_fp32']['seconds'])} s, "
+            "start-up included")
 
 
 def time_made_of(costs: dict[str, Any]) -> str:
@@ -190,12 +186,12 @@ def principle_sentence(costs: dict[str, Any], num_params: int) -> str:
               "process." if via_universal(costs) and not c["universal"]["reused"] else "")
     ranks = f"the {costs['manifest']['source_world_size']} ranks' files"
     source = f"the universal copy made from {ranks}" if via_universal(costs) else f"{ranks} directly"
-    shown = ("the peak above" if c["peak_rss_bytes"] - c["baseline_rss_bytes"] <= costs["bound_bytes"]
-             else "docs/dcp.md measures the bound on `large`; this tiny run cannot show it")
+    shown = (" (the peak above)" if c["peak_rss_bytes"] - c["baseline_rss_bytes"] <= costs["bound_bytes"]
+             else "")  # else the peak's own paragraph says why this run cannot show it
     return (f"The principle says a cross-framework export needs the full P on rank 0 and an all-gather followed by a "
             f"format conversion. That is imprecise: no all-gather runs. to-dcp is one process with no process group, "
             f"reading {source} after training, one parameter at a time, so what it holds is bounded by the largest "
-            f"parameter's state plus fixed costs, not by P ({shown}).{stage1} The whole command "
+            f"parameter's state plus fixed costs, not by P{shown}.{stage1} The whole command "
             f"took {time_compared(costs)}, and kept the moments that zero_to_fp32.py drops. {time_made_of(costs)}")
 
 

@@ -138,10 +138,15 @@ def shard_size_answer(rows: list[dict[str, Any]]) -> str:
     sizes = list(dict.fromkeys(r["--max_shard_size"] for r in rows))
     if len(sizes) < 2:
         peak = {r["route"]: r["above baseline MiB"] for r in rows}
+        big = max(rows, key=lambda r: r["above baseline MiB"])  # its ratio has the most digits to divide by
+        ratio = big.get("(peak - baseline) / model")
+        model = f" (about {big['above baseline MiB'] / ratio:.0f} MiB in fp32)" if ratio else ""
         return (f"Only `--max_shard_size {sizes[0]}` was measured: zero_to_fp32.py peaked {peak['zero_to_fp32.py']} "
-                f"MiB and the export {peak['export']} MiB above the baseline, the figures to compare with. Put two "
-                "sizes in SHARD_SIZES (for example [\"5GB\", \"1MB\"]) and run again: this answer then compares "
-                "their peaks.")
+                f"MiB and the export {peak['export']} MiB above the baseline, the figures to compare with. Expect "
+                "zero_to_fp32.py's to rise with a 5GB shard: it keeps the shard it is writing beside the fp32 "
+                f"weights it read, and one 5GB shard is the whole model{model}. Expect the export's not to move: it "
+                "writes one tensor at a time. Put two sizes in SHARD_SIZES (for example [\"5GB\", \"1MB\"]) and "
+                "run again: this answer then compares their peaks.")
     first, lines = sizes[0], []
     for route in ROUTES:
         peak = {r["--max_shard_size"]: r["above baseline MiB"] for r in rows if r["route"] == route}

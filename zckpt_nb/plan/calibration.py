@@ -186,16 +186,17 @@ def load_records(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def calibration_table(rows: list[dict[str, Any]], shown: int = 12) -> list[dict[str, Any]]:
-    """The `shown` saves the fitted constants predict worst, worst first, as a person reads them (ms, %)."""
+    """The `shown` saves the fitted constants predict worst, worst first, as a person reads them (ms, and each
+    prediction's miss as a factor over or under the measured time)."""
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1e3:,.1f}"
 
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:+.0%}"
+    def miss(v: float | None) -> str:
+        return "-" if v is None else as_factor(v)
 
     return [{"model": r["model"], "mode": r["mode"], "N": r["N"], "measured ms": ms(r["measured s"]),
              "bandwidths alone ms": ms(r["bandwidth-only s"]), "fitted ms": ms(r["fitted s"]),
-             "bandwidths alone error": pct(r["bandwidth-only error"]), "fitted error": pct(r["fitted error"])}
+             "bandwidths alone, miss": miss(r["bandwidth-only error"]), "fitted, miss": miss(r["fitted error"])}
             for r in worst_first(rows)[:shown]]
 
 

@@ -209,7 +209,8 @@ def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: st
             for m, ls in zip(modes, ("-", "--")):
                 pts = [(r["N"], r[key]) for r in rows if r["model"] == model and r["mode"] == m]
                 ax.plot(*zip(*pts), ls=ls, color=f"C{i}", label=f"{model}, {m}" if key == "stall s" else model)
-            for m, marker in zip(modes, ("x", "+")):  # one marker per save mode, named in the legend
+            for m in modes:  # one marker per save mode, whatever the panel: the caption names them
+                marker = {"partitioned": "x", "gathered16": "+"}.get(m, "o")
                 hits = [(r["world_size"], r[measured_key]) for r in measured
                         if r["model"] == model and r["mode"] == m and r["rank"] == 0]
                 if hits:
