@@ -203,9 +203,9 @@ def seed_vs_measured(costs: list[dict[str, Any]], num_params: int, param_bytes: 
                else gathered_line(by_rank, full) if mode in ("gathered16", "per_param")
                else offline_line(by_rank[0]))
         rows.append({"route": mode, "the principle's row": f"{scenario}: {approach}", "memory it states": memory,
-                     "memory held": "yes" if memory_agrees(mode, by_rank, full) else "no",
+                     "memory claim holds?": "yes" if memory_agrees(mode, by_rank, full) else "no",
                      "communication it states": comm,
-                     "communication held": comm_agrees(mode, by_rank, full), "measured": got})
+                     "communication claim holds?": comm_agrees(mode, by_rank, full), "measured": got})
     return rows
 
 
@@ -514,9 +514,10 @@ def export_memory_sentence(heap_extra: int | None, rows: list[dict[str, Any]], m
     heap = (heap_extra or 0) / 2**20
     model = model_bytes / 2**20
     kernel = ("" if kernel_rss is None else
-              f" Section 5's +{kernel_rss / 2**20:.2f} MiB differs because it was measured in this kernel, against "
-              "what the kernel held when the export began (libraries loaded, memory freed by earlier work); here the "
-              "export is a fresh process, measured against a fresh one that only imports what it imports.")
+              f" Section 5's +{kernel_rss / 2**20:.2f} MiB differs because it was measured in this notebook's "
+              "process, against what that process held when the export began (libraries loaded, memory freed by "
+              "earlier work); here the export is a fresh process, measured against a fresh one that only imports what "
+              "it imports.")
     return (f"The export's heap rose {heap:.1f} MiB ({heap / model:.2f} x the {model:.2f} MiB model): it builds "
             f"{'no tensor' if heap < 0.25 * model else 'tensors'} in memory. Its resident memory rose {rss} MiB above "
             f"the baseline ({ratio:.2f} x the model): the pages of the rank files it maps count while it "

@@ -184,11 +184,13 @@ def freeze_answer(rows: list[dict[str, Any]], loads: dict[str, Any], freeze: str
         other = frozen_numel(model, rules["embeddings"])
         fails = ("and its strict load would fail as this one did: the frozen weights' keys are not in its files"
                  if strict == "failed" else "and its strict load would work as this one did")
+        # a frozen weight loses its master copy and both moments (12 B) and keeps 4 B in the model states
+        with_them = rows[0]["total (MiB)"] - 8 * other / 2**20
         return (f"{text} That is the default `FREEZE`. With `FREEZE = \"embeddings\"` {other:,} parameters "
                 f"({other / p:.0%}) would be frozen, {4 * other / 2**20:.3f} MiB of fp32 weights that "
-                f"`exclude_frozen_parameters=True` leaves out of every save, about "
-                f"{1 - 4 * other / 2**20 / full['total (MiB)']:.0%} of this run's full save left, {fails}: set it "
-                "and run again to measure it.")
+                "`exclude_frozen_parameters=True` leaves out of every save: of the about "
+                f"{with_them:.3f} MiB a save with them would write, about {1 - 4 * other / 2**20 / with_them:.0%} "
+                f"would be left, {fails}. Set it and run again to measure it.")
     other = frozen_numel(model, rules[default])
     return (f"{text} The default `FREEZE = \"{default}\"` freezes {other:,} ({other / p:.0%}): its frozen weights "
             f"take about {4 * other / 2**20:.3f} MiB of every save (4 bytes each), against "

@@ -187,7 +187,7 @@ def principle_sentence(costs: dict[str, Any], num_params: int) -> str:
     ranks = f"the {costs['manifest']['source_world_size']} ranks' files"
     source = f"the universal copy made from {ranks}" if via_universal(costs) else f"{ranks} directly"
     shown = (" (the peak above)" if c["peak_rss_bytes"] - c["baseline_rss_bytes"] <= costs["bound_bytes"]
-             else "")  # else the peak's own paragraph says why this run cannot show it
+             else " by design (docs/dcp.md measures it on `large`)")
     return (f"The principle says a cross-framework export needs the full P on rank 0 and an all-gather followed by a "
             f"format conversion. That is imprecise: no all-gather runs. to-dcp is one process with no process group, "
             f"reading {source} after training, one parameter at a time, so what it holds is bounded by the largest "

@@ -135,12 +135,15 @@ def threshold_answer(rows: list[dict[str, Any]], measured: list[dict[str, Any]],
     threshold: measured where a run of `measured` had it, else the cost model's (exact in sections 5 and 6)."""
     if all(r["threshold"] == default for r in rows):
         held = ", ".join(f"{r['held per rank']:,} at N = {r['N']}" for r in rows)
-        preds = {r["N"]: predict(model, r["N"], dtype=dtype, persistence_threshold=EXERCISE_THRESHOLD) for r in rows}
-        then = ", ".join(f"{p.held_numel:,} elements and {p.partitioned['per_rank_file_bytes'] / MIB:.2f} MiB of "
-                         f"shard files per rank at N = {n}" for n, p in preds.items())
+        then = []
+        for r in rows:
+            pred = predict(model, r["N"], dtype=dtype, persistence_threshold=EXERCISE_THRESHOLD)
+            then.append(f"at N = {r['N']} {pred.held_numel:,} elements per rank (this run: {r['held per rank']:,}) "
+                        f"and {pred.partitioned['per_rank_file_bytes'] / MIB:.2f} MiB of shard files (this run: "
+                        f"{r['shard bytes per rank'] / MIB:.2f} MiB)")
         return (f"These runs used the default threshold {default:,}: each rank held exactly its slice ({held}). With "
-                f"`PERSISTENCE_THRESHOLD = {EXERCISE_THRESHOLD:_}` the cost model (exact in section 6) gives {then}. "
-                "Set it and run again to measure it.")
+                f"`PERSISTENCE_THRESHOLD = {EXERCISE_THRESHOLD:_}` the cost model (section 6 checks it against the "
+                f"files) gives {'; '.join(then)}. Set it and run again to measure it.")
     out = []
     for r in sorted(rows, key=lambda r: r["N"]):
         same = [m for m in measured if m["N"] == r["N"] and m["threshold"] == default]

@@ -154,12 +154,12 @@ def async_note(rows: list[dict[str, Any]]) -> str:
             or ties_with(by["plain"], by["async"]):
         return ""
     ratio = by["async"]["mean stall s"] / by["plain"]["mean stall s"]
-    return (f" Here async stopped training {ratio:.1f}x as long as plain: its save call runs the commit protocol's "
-            "preflight agreement (a collective) and DeepSpeed's save_checkpoint, which collects the state and meets "
-            f"the other ranks at its barriers, into host memory ({by['async']['largest snapshot MiB']:.2f} MiB), "
-            "while plain's save call is DeepSpeed's save_checkpoint alone, its bytes going to the operating system's "
-            "page cache (memory, not yet the disk). The background write pays where writing takes longer than that "
-            "agreement and copy: a larger model, or a disk slower than memory.")
+    return (f" Here async stopped training {ratio:.1f}x as long as plain. Its save call first agrees with the other "
+            "ranks (the commit protocol's preflight, a collective), then runs DeepSpeed's save_checkpoint into host "
+            f"memory ({by['async']['largest snapshot MiB']:.2f} MiB), barriers included. Plain's save call is "
+            "DeepSpeed's save_checkpoint alone, its bytes handed to the operating system's page cache (memory, not "
+            "yet the disk). The background write pays where writing takes longer than that agreement and copy: a "
+            "larger model, or a disk slower than memory.")
 
 
 def decoupled_sentence(records: list[dict[str, Any]]) -> str:

@@ -1,4 +1,4 @@
-"""The time model against measured saves: this machine's constants fitted, leave one out.
+"""The time model against measured saves: each measuring machine's constants fitted, leave one out.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def predicted(row: dict[str, Any], constants: dict[str, float]) -> float:
 
 
 def calibration(records: list[dict[str, Any]], bw: Bandwidths) -> list[dict[str, Any]]:
-    """Rank 0 of each measured save: its seconds predicted from `bw` alone, and from this machine's constants.
+    """Rank 0 of each measured save: its seconds predicted from `bw` alone, and from its machine's constants.
 
     The constants (`features`: per mode a fixed cost and seconds per byte written and read; seconds per byte
     received and per ring step) are fitted on the machine's *other* saves (leave one out), so no record is predicted
@@ -168,8 +168,9 @@ def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) ->
              f"repeats lie within {tolerance:.0%} of their median." if repeats else "")
     unfitted = sum(r["fitted error"] is None for r in rows)
     few = f" ({unfitted} saves of a machine with too few of them to fit have no fitted figure)" if unfitted else ""
-    return (f"Against {len(rows)} measured saves (rank 0): bandwidths alone put {within('bandwidth-only error')}; "
-            f"with this machine's constants fitted on its other saves, {within('fitted error')}{few}.{floor} "
+    return (f"Against {len(rows)} measured saves (rank 0): bandwidths alone (the probe of the machine running this, "
+            f"applied to every save, whichever machine measured it) put {within('bandwidth-only error')}; with each "
+            f"measuring machine's constants fitted on its other saves, {within('fitted error')}{few}.{floor} "
             f"Bytes written: {exact} of {len(rows)} equal the prediction exactly.")
 
 
@@ -192,7 +193,7 @@ def calibration_table(rows: list[dict[str, Any]], shown: int = 12) -> list[dict[
         return "-" if v is None else f"{v * 1e3:,.1f}"
 
     def miss(v: float | None) -> str:
-        return "-" if v is None else as_factor(v)
+        return "-" if v is None else f"{as_factor(v)} ({v:+.0%})"
 
     return [{"model": r["model"], "mode": r["mode"], "N": r["N"], "measured ms": ms(r["measured s"]),
              "bandwidths alone ms": ms(r["bandwidth-only s"]), "fitted ms": ms(r["fitted s"]),

@@ -261,6 +261,6 @@ def run_save(engine: Any, writer: DeferredErrorWriter, save_dir: Path, tag: str,
             engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
     except Exception as e:  # outside a file write: the ranks' collectives may no longer line up
         if is_peer_failure(e):  # never a write error: the agreement's collectives would fail or hang next
-            after = f" after {time.perf_counter() - start:.0f} s (a peer rank died, or is stuck)"
+            after = f" after {time.perf_counter() - start:.0f} s"
             raise peer_failure(e, writer.rank, f"save of {tag}", after) from None
         writer.fail(e, save_dir / tag, "saving")

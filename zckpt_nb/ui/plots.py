@@ -236,7 +236,7 @@ def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, toleranc
     ax.fill_between(xs, [x * (1 - tolerance) for x in xs], [x * (1 + tolerance) for x in xs], color="grey",
                     alpha=0.2, label=f"within {tolerance:.0%}")
     for key, marker, label in (("bandwidth-only s", "o", "bandwidths alone"),
-                               ("fitted s", "^", "this machine's constants, fitted on the other saves")):
+                               ("fitted s", "^", "the measuring machine's constants, fitted on its other saves")):
         pts = [(r["measured s"], r[key]) for r in rows if r[key] is not None]
         ax.scatter(*zip(*pts), marker=marker, label=label)
     misses = sorted((r for r in rows if r["fitted s"] is not None and abs(r["fitted error"]) > tolerance),
