@@ -11,6 +11,7 @@ import torch
 
 from zckpt_nb.convert.export import corpus_overlap, measure_export, reload_in_fresh_process
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
+from zckpt_nb.format.layout import MANIFEST
 from zckpt_nb.lessons.consolidation import compare_weights, load_weights, reference_state_dict
 from zckpt_nb.measure import meters
 from zckpt_nb.run.launch import launch
@@ -140,8 +141,10 @@ def test_bytes_written_are_the_files_each_rank_wrote(routes_run):
     out = routes_run.output_dir
     by = {(c["mode"], c["rank"]): c for c in routes_run.data["save_costs"]}
     for rank in (0, 1):
-        files = routes_run.ranks[rank]["files"]
+        files = [f for f in routes_run.ranks[rank]["files"] if not f["path"].endswith(MANIFEST)]
+        # the save's measured bytes are the rank's files; run.json also lists the manifest rank 0 commits after them
         assert by["partitioned", rank]["bytes_written"] == sum(f["bytes"] for f in files)
+    assert any(f["path"].endswith(MANIFEST) for f in routes_run.ranks[0]["files"])
     for mode in ("gathered16", "per_param"):
         assert by[mode, 0]["bytes_written"] == (out / mode / "pytorch_model.bin").stat().st_size > 0
         assert by[mode, 1]["bytes_written"] == 0  # rank 0 writes the consolidated file; rank 1 only sends
@@ -330,7 +333,6 @@ def test_export_folder_and_files_get_the_modes_of_the_process_umask(routes_run, 
 def test_model_card_states_the_run_facts_and_the_hub_front_matter(routes_run, hf):
     from transformers import AutoConfig, AutoTokenizer
 
-    from zckpt_nb.format.layout import MANIFEST
     from zckpt_nb.format.manifest import sha256_file
 
     card = (hf[0] / "README.md").read_text()
