@@ -25,6 +25,7 @@ from zckpt_nb.format.layout import (
     tag_step,
 )
 from zckpt_nb.format.manifest import elsewhere, read_manifest, sha256_file
+from zckpt_nb.format.words import noun
 
 
 def inside(folder: Path, name: Any, nested: bool) -> bool:
@@ -184,8 +185,8 @@ def tag_to_resume(ckpt_dir: str | Path, among: set[str] | None = None) -> tuple[
     tag = committed[-1]
     newer = [t for t in incomplete_tags(ckpt_dir) if tag_step(t) > tag_step(tag)]
     partial = [t for t in committed_tags(ckpt_dir) if tag_step(t) > tag_step(tag)]  # committed here, not everywhere
-    what = "checkpoint" if len(newer) == 1 else "checkpoints"
-    notes = [f"ignoring incomplete {what} {', '.join(newer)} (no manifest: the save never committed)"] if newer else []
+    notes = [f"ignoring incomplete {noun(len(newer), 'checkpoint')} {', '.join(newer)} (no manifest: the save never "
+             "committed)"] if newer else []
     notes += [f"ignoring {', '.join(partial)} (not committed on every node)"] if partial else []
     if latest_name(ckpt_dir) != tag:
         notes.append(f"'latest' names {latest_name(ckpt_dir)}, the newest committed is {tag}")

@@ -11,7 +11,7 @@ from typing import Any
 
 from zckpt_nb.format.words import counted
 from zckpt_nb.plan.costs import MODE_KEYS, Prediction, predict
-from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, time_terms
+from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, seconds, time_terms
 
 MEASURED = Path(__file__).parents[1] / "data" / "measured_cpu_compare.json"  # shipped in zckpt_nb/data/
 
@@ -119,12 +119,6 @@ def rate(seconds_per_byte: float) -> str:
     return f"{1 / seconds_per_byte / GB:.3g} GB/s" if seconds_per_byte else "not fitted (0)"
 
 
-def millis(s: float) -> str:
-    """A fitted time constant in ms, 3 significant figures, so the constants table reads in one unit."""
-    ms = s * 1e3
-    return f"{float(f'{ms:.3g}'):,g} ms" if ms >= 1e-3 else "under 0.001 ms"
-
-
 def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per machine with enough saves, the constants fitted on all of them, as a person reads them."""
     out = []
@@ -133,23 +127,28 @@ def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not enough(mine):
             continue
         c = fit(mine)
-        named = [*((f"{m}: fixed time per save", millis(c[f"fixed {m}"])) for m in MODE_KEYS),
+        named = [*((f"{m}: fixed time per save", seconds(c[f"fixed {m}"], "ms")) for m in MODE_KEYS),
                  *((f"{m}: bandwidth, bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
-                 *((f"{m}: time per rank file read", millis(c[f"files {m}"])) for m in READ_RANK_FILES),
+                 *((f"{m}: time per rank file read", seconds(c[f"files {m}"], "ms")) for m in READ_RANK_FILES),
                  ("network: bandwidth, bytes received", rate(c["net"])),
-                 ("time of one ring step", millis(c["steps"]))]
+                 ("time of one ring step", seconds(c["steps"], "ms"))]
         out += [{"machine": machine, "constant": k, "value": v} for k, v in named]
     return out
 
 
+def predicted_over_measured(error: float) -> float:
+    """A relative error (predicted / measured - 1) back as the ratio, kept above 0 for the log."""
+    return max(1 + error, 1e-9)
+
+
 def misfit(error: float) -> float:
     """How far a prediction missed, as |log(predicted / measured)|: 10x under counts as much as 10x over."""
-    return abs(math.log(max(1 + error, 1e-9)))
+    return abs(math.log(predicted_over_measured(error)))
 
 
 def as_factor(error: float) -> str:
     """A relative error as a person reads a miss: '2.8x over', '10.3x under'."""
-    ratio = max(1 + error, 1e-9)
+    ratio = predicted_over_measured(error)
     return f"{ratio:.1f}x over" if ratio >= 1 else f"{1 / ratio:.1f}x under"
 
 

@@ -135,13 +135,20 @@ def plan(name: str, n: int, bw: Bandwidths, dtype: str = "bf16", persistence_thr
     return rows
 
 
-def seconds(s: float) -> str:
-    """A duration a person reads: 3 significant figures in µs, ms, s or min (never scientific notation)."""
+UNITS = (("min", 60), ("s", 1), ("ms", 1e-3), ("µs", 1e-6))
+
+
+def seconds(s: float, unit: str | None = None) -> str:
+    """A duration a person reads: 3 significant figures in µs, ms, s or min (never scientific notation); `unit`
+    holds every duration of a table to one unit ('under 0.001 ms' below what it shows)."""
+    if unit:
+        v = s / dict(UNITS)[unit]
+        return f"{float(f'{v:.3g}'):,g} {unit}" if v >= 1e-3 else f"under 0.001 {unit}"
     if s < 1e-6:
         return "under 1 µs"
-    for unit, scale in (("min", 60), ("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
-        if s >= scale * (2 if unit == "min" else 1) or unit == "µs":
-            return f"{float(f'{s / scale:.3g}'):g} {unit}"
+    for name, scale in UNITS:
+        if s >= scale * (2 if name == "min" else 1) or name == "µs":
+            return f"{float(f'{s / scale:.3g}'):g} {name}"
     raise AssertionError("unreachable")
 
 
