@@ -19,7 +19,7 @@ from pathlib import Path
 
 from zckpt_nb.convert.export import measure_export
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.lessons.consolidation import cost_summary, seed_vs_measured
 from zckpt_nb.run.launch import fresh_dir, launch
 from zckpt_nb.ui.tables import table

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import CheckpointError, LaunchError, UsageError
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.run import lifeline
 
 

@@ -28,7 +28,7 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, committed_tags, tag_for, tag_step
 from zckpt_nb.format.manifest import FORMAT
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.model import accumulation_steps, ds_config, get_preset, gpt2_config
 from zckpt_nb.run import lifeline
 from zckpt_nb.run.options import TrainOptions

@@ -24,7 +24,7 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, latest_name
 from zckpt_nb.format.manifest import checkpoint_manifest, file_record, sha256_file
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 
 ZERO_3 = 3  # DeepSpeed's ZeroStageEnum.weights
 

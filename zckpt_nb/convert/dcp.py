@@ -43,8 +43,7 @@ from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
 from zckpt_nb.format.manifest import FORMAT, elsewhere, file_record, read_manifest, sha256_file
-from zckpt_nb.format.sizes import secs
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted, secs
 from zckpt_nb.measure import meters
 from zckpt_nb.model import model_config
 

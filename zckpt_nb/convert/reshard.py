@@ -34,7 +34,7 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, universal_dir
 from zckpt_nb.format.manifest import FORMAT, elsewhere, read_manifest, sha256_file
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.measure import meters
 
 

@@ -25,7 +25,7 @@ from zckpt_nb.format.layout import (
     tag_step,
 )
 from zckpt_nb.format.manifest import elsewhere, read_manifest, sha256_file
-from zckpt_nb.format.words import noun
+from zckpt_nb.format.units import noun
 
 
 def inside(folder: Path, name: Any, nested: bool) -> bool:

@@ -166,8 +166,3 @@ def engine_file_bytes(engine: Any, state: dict[str, Any], step: int) -> int:
     Any client state: the package's own, or whatever a user's training loop hands to `zckpt_nb.save`.
     """
     return module_file_bytes(engine.module, engine.dp_world_size, engine.config, step, without_tensor_data(state))
-
-
-def secs(x: float) -> str:
-    """Seconds to 2 decimals under 10 s, 1 above, so a short stage does not round to nothing beside a whole."""
-    return f"{x:.2f}" if x < 10 else f"{x:.1f}"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.format.layout import REFERENCE, WEIGHTS
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.lessons.compare import MODES
 
 FP32_BYTES = 4  # the offline route and the export write fp32 masters

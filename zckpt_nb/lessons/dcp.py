@@ -10,8 +10,7 @@ from typing import Any
 from zckpt_nb.convert.dcp import largest_state_bytes
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.manifest import read_manifest
-from zckpt_nb.format.sizes import secs
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted, secs
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
 from zckpt_nb.measure.trace import trace_command
 

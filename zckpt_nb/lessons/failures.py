@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, committed_tags, latest_name, tag_for, tag_step
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
 from zckpt_nb.run.launch import RunResult
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.lessons.stall import NEVER, overlap_verdict, tied_modes
 from zckpt_nb.plan.costs import predict, predicted_for
 

@@ -11,7 +11,7 @@ from typing import Any
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.reshard import bytes_by_kind
 from zckpt_nb.format.layout import RANK_FILE, universal_dir
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.lessons import claims
 from zckpt_nb.lessons.together import all_done, together
 from zckpt_nb.model import accumulation_steps

@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.plan.costs import MODE_KEYS, Prediction, predict
 from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, seconds, time_terms
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 
 CPU_HINT = "DS_ACCELERATOR=cpu to run any number of CPU ranks (gloo) on any machine"
 

@@ -29,7 +29,7 @@ from typing import Any
 from zckpt_nb.errors import LaunchError, LaunchStopped, LaunchTimeout, UsageError
 from zckpt_nb.format.disk import check_writable
 from zckpt_nb.format.layout import committed_tags
-from zckpt_nb.format.words import counted
+from zckpt_nb.format.units import counted
 from zckpt_nb.run import lifeline, lock
 from zckpt_nb.run.devices import Placement, gpu_count, too_many
 from zckpt_nb.run.nodes import ONE_NODE, Nodes

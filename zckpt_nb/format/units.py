@@ -1,0 +1,30 @@
+"""Units and counts, written one way for the whole package: bytes in MiB or GiB, seconds, '3 ranks'."""
+
+from __future__ import annotations
+
+MIB, GIB = 2**20, 2**30
+
+
+def mib(size: float) -> str:
+    """Bytes as MiB with one decimal: mib(3 * 2**20) is '3.0 MiB'."""
+    return f"{size / MIB:,.1f} MiB"
+
+
+def gib(size: float) -> str:
+    """Bytes as GiB with two decimals: gib(2**30) is '1.00 GiB'."""
+    return f"{size / GIB:,.2f} GiB"
+
+
+def secs(seconds: float) -> str:
+    """Seconds to 2 decimals under 10 s, 1 above, so a short stage does not round to nothing beside a whole."""
+    return f"{seconds:.2f}" if seconds < 10 else f"{seconds:.1f}"
+
+
+def noun(n: int, word: str, plural: str | None = None) -> str:
+    """The noun in the number `n` takes, without `n`: noun(1, "rank") is 'rank', noun(3, "shard") 'shards'."""
+    return word if n == 1 else plural or word + "s"
+
+
+def counted(n: int, word: str, plural: str | None = None) -> str:
+    """`n` and the noun in the number it takes: counted(1, "rank") is '1 rank', counted(3, "shard") '3 shards'."""
+    return f"{n:,} {noun(n, word, plural)}"
