@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 notebooks: $(STAMP)
-	$(PY) -m zckpt_nb notebooks --build build
+	$(PY) -m zckpt_nb.course.notebooks --build build
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from zckpt_nb.lessons.notebooks import execute, notebook_paths, parameter_names
+from zckpt_nb.course.notebooks import execute, notebook_paths, parameter_names
 from zckpt_nb.run.devices import machine
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,12 +5,19 @@ These read the committed notebooks only (no kernel): the runs themselves are in 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import procs_mentioning
 
-from zckpt_nb.lessons.notebooks import notebook_paths
+from zckpt_nb.course import runs
+from zckpt_nb.course.notebooks import check_parameters, notebook_paths, parameter_names
+from zckpt_nb.course.show import FAILED, check, size, table
+from zckpt_nb.errors import LaunchError, LaunchTimeout, UsageError
 
 pytestmark = pytest.mark.fast
 NOTEBOOKS = notebook_paths(Path(__file__).resolve().parents[1] / "notebooks")
@@ -49,3 +56,59 @@ def test_each_notebook_ends_with_exercises_whose_answers_are_collapsed_code_then
         assert cell.cell_type == "code" and "(" in cell.source, f"{path.name}: an answer must be computed by a call"
         hidden = cell.metadata.get("jupyter", {})
         assert hidden.get("source_hidden") and hidden.get("outputs_hidden"), f"{path.name}: an answer is not collapsed"
+
+
+def test_notebook_parameters_are_checked_against_the_parameters_cell():
+    path = NOTEBOOKS[0]
+    assert {"WORLD_SIZES", "PERSISTENCE_THRESHOLD", "OUTPUT_ROOT"} <= set(parameter_names(path))
+    check_parameters(path, {"WORLD_SIZES": [3]})
+    with pytest.raises(UsageError, match="takes no parameter NPROC; it takes WORLD_SIZES"):
+        check_parameters(path, {"NPROC": 3})
+
+
+def test_the_runner_refuses_an_unknown_parameter_before_running_anything(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb.course.notebooks", "--only", "01", "--build", str(tmp_path),
+                           "-p", "NPROC", "3"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "takes no parameter NPROC" in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_runner_fails_a_notebook_whose_check_fails_and_its_kernel_prints_no_warning(tmp_path):
+    cells = [nbformat.v4.new_code_cell("SIZE = 3", metadata={"tags": ["parameters"]}),
+             nbformat.v4.new_code_cell("from zckpt_nb.course.show import check\ncheck('three', SIZE == 3)")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}}), tmp_path / "01_probe.ipynb")
+    command = [sys.executable, "-m", "zckpt_nb.course.notebooks", "--notebooks", str(tmp_path), "--build",
+               str(tmp_path / "build")]
+    passed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert passed.returncode == 0 and "01_probe.ipynb" in passed.stdout and " ok" in passed.stdout, passed
+    assert "WARNING" not in passed.stderr, passed.stderr  # the kernel talks over IPC: no unencrypted TCP warning
+    failed = subprocess.run([*command, "-p", "SIZE", "4"], capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1 and f"{FAILED} three" in failed.stdout, failed.stdout
+
+
+def test_a_table_is_at_most_eight_columns_and_writes_numbers_one_way():
+    rows = [{"rank": 0, "bytes": size(3 * 2**20), "share": 0.123456, "equal": True, "P": 1234567}]
+    assert repr(table(rows)).splitlines()[1].split() == ["0", "3.00", "MiB", "0.123", "yes", "1,234,567"]
+    assert [size(n) for n in (812, 3 * 2**10, 14.3 * 2**20, 1.25 * 2**30)] == [
+        "812 B", "3.00 KiB", "14.3 MiB", "1.25 GiB"]
+    with pytest.raises(ValueError, match="at most 8"):
+        table([{str(i): i for i in range(9)}])
+
+
+def test_check_prints_one_line_and_returns_the_verdict(capsys):
+    assert check("equal", 1 == 1, "1 of 1") and not check("equal", 1 == 2)
+    assert capsys.readouterr().out.splitlines() == ["✓ equal  (1 of 1)", f"{FAILED} equal"]
+
+
+def test_a_command_runs_bounded_and_a_failure_says_what_each_rank_said_in_a_few_lines(tmp_path):
+    job = runs.run("python -c 'print(1); print(2)'", timeout=60, log=tmp_path / "ok.log", echo=False)
+    assert job.lines == ["1", "2"] and (tmp_path / "ok.log").read_text() == "1\n2\n"
+    with pytest.raises(LaunchError) as failed:
+        runs.run("python -c 'raise ValueError(\"no such tag\")'", timeout=60, log=tmp_path / "bad.log", echo=False)
+    assert str(failed.value).splitlines()[1:] == ["  ValueError: no such tag", f"  every line it printed: "
+                                                  f"{tmp_path / 'bad.log'}"]
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout):
+        runs.run(f"python -c 'import time; print(\"{tmp_path}\", flush=True); time.sleep(60)'", timeout=2, echo=False)
+    assert time.monotonic() - start < 20 and not procs_mentioning(str(tmp_path))

@@ -5,25 +5,18 @@ Real 2-rank ZeRO-3 runs on CPU; the claims are fed data that must flip them.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from zckpt_nb.errors import LaunchError, UsageError
+from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.layout import RANK_FILE, latest_name
 from zckpt_nb.format.sizes import exact_ratio
 from zckpt_nb.lessons import claims
 from zckpt_nb.lessons.compare import op_differences
-from zckpt_nb.lessons.notebooks import check_parameters, parameter_names
 from zckpt_nb.model import deepspeed_persistence_default, ln_vocab, meta_model
 from zckpt_nb.plan.costs import persistent, predict, tensor_numels
 from zckpt_nb.run.launch import launch
 from zckpt_nb.run.logs import rank_lines
 from zckpt_nb.saving import faults
-
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def row(n: int, held: int, p: int = 1000, persistent_numel: int = 0, threshold: int = 0) -> dict:
@@ -70,21 +63,6 @@ def test_exact_ratio_and_persistent_tensors():
     assert 0 < len(kept) < two.num_tensors  # tiny's embedding is above DeepSpeed's default threshold, the rest below
     assert two.held_numel == two.slice_numel + sum(kept) and two.persistent_tensors == len(kept)
     assert predict("tiny", 3).padding_numel > 0  # what notebook 01 shows at N = 3
-
-
-def test_notebook_parameters_are_checked_against_the_parameters_cell():
-    path = NOTEBOOKS / "01_what_zero3_partitions.ipynb"
-    assert {"WORLD_SIZES", "PERSISTENCE_THRESHOLD", "OUTPUT_ROOT"} <= set(parameter_names(path))
-    check_parameters(path, {"WORLD_SIZES": [3]})
-    with pytest.raises(UsageError, match="takes no parameter NPROC; it takes WORLD_SIZES"):
-        check_parameters(path, {"NPROC": 3})
-
-
-def test_notebooks_cli_refuses_an_unknown_parameter_before_running_anything(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "notebooks", "--only", "01", "--build", str(tmp_path),
-                           "-p", "NPROC", "3"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "takes no parameter NPROC" in done.stderr
-    assert not list(tmp_path.iterdir())
 
 
 @pytest.fixture(scope="module")

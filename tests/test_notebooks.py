@@ -1,4 +1,5 @@
-"""Every notebook runs top to bottom with its defaults and under a learner's parameters (other N, other settings).
+"""Every notebook runs top to bottom with its defaults and under a learner's parameters (other N, other settings),
+and every check it prints (`course.show.check`) holds.
 
 A verdict printed by a notebook must be the one its own data gives: the tests recompute it from the run's files.
 """
@@ -13,6 +14,7 @@ import pytest
 
 from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.convert.safeload import load as safe_load
+from zckpt_nb.course.notebooks import execute, failed_checks, notebook_paths
 from zckpt_nb.examples.checkpoint_contents import FREEZE
 from zckpt_nb.format.layout import committed_tags, tag_for
 from zckpt_nb.lessons import claims, consolidation, failures, offline, partitions, save_modes, stall, worlds
@@ -36,7 +38,6 @@ from zckpt_nb.lessons.minimal import (
     step_losses,
 )
 from zckpt_nb.lessons.nodes import folder_rows
-from zckpt_nb.lessons.notebooks import execute, notebook_paths
 from zckpt_nb.lessons.own_model import drop_answer, max_difference, partition_answer
 from zckpt_nb.model import get_preset
 from zckpt_nb.plan import cluster
@@ -83,6 +84,7 @@ def run_notebook(path: Path, tmp_path: Path, parameters: dict) -> nbformat.Noteb
     nb = nbformat.read(out, as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
+    assert not failed_checks(out), failed_checks(out)  # every check the notebook prints holds under these parameters
     assert out.with_suffix(".html").stat().st_size > 10_000
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert images >= 2, "every notebook shows its measurements as plots"

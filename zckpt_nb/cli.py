@@ -167,26 +167,6 @@ def check_writable_dir(path: str) -> None:
     check_writable(Path(path).resolve())
 
 
-def parameter_value(text: str) -> object:
-    """A `-p` value as Python reads it (3, [1, 3], None, 'tiny'); anything else stays a string."""
-    import ast
-
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def cmd_notebooks(args: argparse.Namespace) -> int:
-    from zckpt_nb.lessons.notebooks import check_parameters, notebook_paths, run_all
-
-    parameters = {name: parameter_value(value) for name, value in args.parameter}
-    for path in notebook_paths(Path(args.notebooks), args.only):
-        check_parameters(path, parameters)  # every unknown name refused before anything runs
-    failures = run_all(Path(args.notebooks), Path(args.build), only=args.only, parameters=parameters)
-    return 1 if failures else 0
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.export import export
 
@@ -354,14 +334,6 @@ def add_lesson_commands(sub: Any) -> None:
     cmp.add_argument("--persistence_threshold", type=int, default=0,
                      help="stage3_param_persistence_threshold (DeepSpeed's default: 100000)")
     cmp.set_defaults(func=cmd_compare)
-
-    nbs = sub.add_parser("notebooks", help="execute every notebook into build/ (the main job)")
-    nbs.add_argument("--notebooks", default="notebooks")
-    nbs.add_argument("--build", default="build")
-    nbs.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01 02")
-    nbs.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                     help="set a notebook parameter (like papermill -p), e.g. -p WORLD_SIZES '[1, 3]'")
-    nbs.set_defaults(func=cmd_notebooks)
 
 
 def build_parser() -> argparse.ArgumentParser:
