@@ -89,9 +89,9 @@ def test_the_runner_fails_a_notebook_whose_check_fails_and_its_kernel_prints_no_
 
 def test_a_table_is_at_most_eight_columns_and_writes_numbers_one_way():
     rows = [{"rank": 0, "bytes": size(3 * 2**20), "share": 0.123456, "equal": True, "P": 1234567}]
-    assert repr(table(rows)).splitlines()[1].split() == ["0", "3.00", "MiB", "0.123", "yes", "1,234,567"]
+    assert repr(table(rows)).splitlines()[1].split() == ["0", "3.0", "MiB", "0.123", "yes", "1,234,567"]
     assert [size(n) for n in (812, 3 * 2**10, 14.3 * 2**20, 1.25 * 2**30)] == [
-        "812 B", "3.00 KiB", "14.3 MiB", "1.25 GiB"]
+        "812 B", "3.0 KiB", "14.3 MiB", "1.25 GiB"]
     with pytest.raises(ValueError, match="at most 8"):
         table([{str(i): i for i in range(9)}])
 

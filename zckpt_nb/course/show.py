@@ -1,4 +1,5 @@
-"""How the course prints: one way to write a number, one table renderer, one visible check.
+"""How the course prints: one table renderer, one way to write a number (sizes through `format.units`), one visible
+check.
 """
 
 from __future__ import annotations
@@ -7,19 +8,12 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from zckpt_nb.format.units import size
+
+__all__ = ["FAILED", "check", "number", "size", "table"]
+
 MAX_COLUMNS = 8  # a wider table does not fit a notebook page: split it, or drop a column
 FAILED = "✗ FAILED"  # what a failed check prints; the notebook runner and the tests look for it
-UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def size(n_bytes: float) -> str:
-    """A byte count the one way the course writes it: `812 B`, `3.0 KiB`, `14.3 MiB`, `1.25 GiB`."""
-    value, unit = float(n_bytes), 0
-    while abs(value) >= 1024 and unit < len(UNITS) - 1:
-        value, unit = value / 1024, unit + 1
-    if unit == 0:
-        return f"{int(n_bytes):,} B"
-    return f"{value:.2f} {UNITS[unit]}" if abs(value) < 10 else f"{value:.1f} {UNITS[unit]}"
 
 
 def number(value: Any) -> str:

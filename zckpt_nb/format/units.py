@@ -15,6 +15,15 @@ def gib(size: float) -> str:
     return f"{size / GIB:,.2f} GiB"
 
 
+def size(n_bytes: float) -> str:
+    """Bytes in the unit that suits them: '812 B', '3.0 KiB', '14.3 MiB', '1.25 GiB' (MiB and GiB as above)."""
+    if abs(n_bytes) >= GIB:
+        return gib(n_bytes)
+    if abs(n_bytes) >= MIB:
+        return mib(n_bytes)
+    return f"{n_bytes / 1024:,.1f} KiB" if abs(n_bytes) >= 1024 else f"{int(n_bytes):,} B"
+
+
 def secs(seconds: float) -> str:
     """Seconds to 2 decimals under 10 s, 1 above, so a short stage does not round to nothing beside a whole."""
     return f"{seconds:.2f}" if seconds < 10 else f"{seconds:.1f}"
