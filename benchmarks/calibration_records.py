@@ -18,7 +18,8 @@ import platform
 import statistics
 from pathlib import Path
 
-from zckpt_nb.lessons.compare import MODES, compare
+from zckpt_nb.format.records import Route
+from zckpt_nb.lessons.compare import compare
 
 PLAN = {"tiny": [1, 2, 3, 4], "small": [1, 2, 3], "medium": [1, 2, 3]}
 
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--output", default="build/bench/calibration/measured_cpu_compare.json")
     parser.add_argument("--machine", default=platform.node(), help="label the records' machine (default: hostname)")
     args = parser.parse_args()
-    runs = [compare(sizes, model, list(MODES), Path(args.output_dir, f"r{i}", f"compare_{model}"))
+    runs = [compare(sizes, model, list(Route), Path(args.output_dir, f"r{i}", f"compare_{model}"))
             for i in range(1, args.repeats + 1) for model, sizes in PLAN.items()]
     records = median_records(runs, args.machine)
     Path(args.output).write_text(json.dumps(records, indent=1))

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import argparse
 
+from zckpt_nb.format.records import Route
 from zckpt_nb.lessons import claims
-from zckpt_nb.lessons.compare import MODES, agreement, compare, explain_differences, memory_rows
+from zckpt_nb.lessons.compare import agreement, compare, explain_differences, memory_rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--modes", nargs="+", default=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=list(Route))
     parser.add_argument("--output_dir", default="build/bench/compare")
     parser.add_argument("--fresh", action="store_true", help="measure again instead of reusing compare.json")
     parser.add_argument("--persistence_threshold", type=int, default=0)

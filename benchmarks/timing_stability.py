@@ -21,7 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-from zckpt_nb.lessons.compare import MODES, compare
+from zckpt_nb.format.records import Route
+from zckpt_nb.lessons.compare import compare
 from zckpt_nb.measure.meters import flush_writes
 from zckpt_nb.plan.calibration import MEASURED
 
@@ -62,7 +63,7 @@ def remeasure(model: str, sizes: list[int], repeats: int, out_dir: Path) -> dict
     """Rank 0's seconds per (mode, N) over `repeats` fresh `compare` runs of every mode."""
     seconds: dict[tuple, list[float]] = {}
     for _ in range(repeats):
-        for r in compare(sizes, model, list(MODES), out_dir, reuse=False, progress=False):
+        for r in compare(sizes, model, list(Route), out_dir, reuse=False, progress=False):
             if r["rank"] == 0:
                 seconds.setdefault((r["mode"], r["world_size"]), []).append(r["seconds"])
     return seconds
