@@ -1,6 +1,6 @@
-"""The measured saves notebook 09 calibrates its time model on: every mode at several N, repeated, medians kept.
+"""The measured saves the time model is calibrated on (benchmarks/calibration.py): every route at several N, repeated.
 
-    .venv/bin/python benchmarks/calibration_records.py --repeats 7 --output zckpt_nb/data/measured_cpu_compare.json
+    .venv/bin/python benchmarks/calibration_records.py --repeats 7 --output benchmarks/data/measured_cpu_compare.json
 
 Runs `compare` (real ZeRO-3 runs, every save mode, every rank) for each model and world size `--repeats` times, into
 `OUTPUT_DIR/r{i}/compare_{model}` (reused when already there), then keeps, per (model, mode, N, rank), the record
@@ -16,10 +16,10 @@ import json
 import os
 import platform
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
-from zckpt_nb.format.records import Route
-from zckpt_nb.lessons.compare import compare
+from zckpt_nb.compare import ROUTE_ORDER, compare
 
 PLAN = {"tiny": [1, 2, 3, 4], "small": [1, 2, 3], "medium": [1, 2, 3]}
 
@@ -45,7 +45,10 @@ def main() -> None:
     parser.add_argument("--output", default="build/bench/calibration/measured_cpu_compare.json")
     parser.add_argument("--machine", default=platform.node(), help="label the records' machine (default: hostname)")
     args = parser.parse_args()
-    runs = [compare(sizes, model, list(Route), Path(args.output_dir, f"r{i}", f"compare_{model}"))
+    renamed = {"route": "mode", "peak_rss_bytes": "peak_memory_bytes"}  # the shipped records' keys
+    runs = [[{renamed.get(k, k): v for k, v in asdict(r).items()}
+             for r in compare(sizes, model, list(ROUTE_ORDER), Path(args.output_dir, f"r{i}", f"compare_{model}"),
+                              progress=False, verbose=False)]
             for i in range(1, args.repeats + 1) for model, sizes in PLAN.items()]
     records = median_records(runs, args.machine)
     Path(args.output).write_text(json.dumps(records, indent=1))

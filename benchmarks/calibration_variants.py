@@ -15,8 +15,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from zckpt_nb.plan.calibration import calibration, cpu_share, fit, measured_records, predicted
-from zckpt_nb.plan.costs import MODE_KEYS, predict
+from calibration import calibration, cpu_share, fit, measured_records, predicted
+
+from zckpt_nb.compare import ROUTE_ORDER as MODE_KEYS
+from zckpt_nb.plan.costs import predict
 from zckpt_nb.plan.planning import Bandwidths, collective_calls
 
 STATISTICS = {"median": statistics.median, "min": min}

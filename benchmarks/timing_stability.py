@@ -21,10 +21,10 @@ import statistics
 import time
 from pathlib import Path
 
-from zckpt_nb.format.records import Route
-from zckpt_nb.lessons.compare import compare
+from calibration import MEASURED
+
+from zckpt_nb.compare import ROUTE_ORDER, compare
 from zckpt_nb.measure.meters import flush_writes
-from zckpt_nb.plan.calibration import MEASURED
 
 BALLOON_DEVICE_ID = "0x0005"  # virtio device id of the memory balloon
 REPORTING_BIT = 5  # VIRTIO_BALLOON_F_REPORTING
@@ -63,9 +63,9 @@ def remeasure(model: str, sizes: list[int], repeats: int, out_dir: Path) -> dict
     """Rank 0's seconds per (mode, N) over `repeats` fresh `compare` runs of every mode."""
     seconds: dict[tuple, list[float]] = {}
     for _ in range(repeats):
-        for r in compare(sizes, model, list(Route), out_dir, reuse=False, progress=False):
-            if r["rank"] == 0:
-                seconds.setdefault((r["mode"], r["world_size"]), []).append(r["seconds"])
+        for r in compare(sizes, model, list(ROUTE_ORDER), out_dir, reuse=False, progress=False, verbose=False):
+            if r.rank == 0:
+                seconds.setdefault((r.route, r.world_size), []).append(r.seconds)
     return seconds
 
 

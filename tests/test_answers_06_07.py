@@ -5,7 +5,8 @@ import pytest
 
 from zckpt_nb.lessons import save_modes, stall, worlds
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
-from zckpt_nb.plan.costs import predict, predicted_for
+from zckpt_nb.lessons.compare import predicted_for
+from zckpt_nb.plan.costs import predict
 
 
 def record(mode, n, rank, logged, ops=None):

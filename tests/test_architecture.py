@@ -19,7 +19,8 @@ LAYERS = [
     ("run", ["zckpt_nb.run"]),
     ("lessons", ["zckpt_nb.lessons"]),
     ("ui", ["zckpt_nb.ui"]),
-    ("entry points", ["zckpt_nb.train", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb.examples", "zckpt_nb"]),
+    ("entry points", ["zckpt_nb.train", "zckpt_nb.compare", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb.examples",
+                      "zckpt_nb"]),
     ("course", ["zckpt_nb.course"]),  # above everything: no library module imports it
 ]
 

@@ -8,9 +8,7 @@ import time
 import pytest
 from conftest import procs_mentioning
 
-from zckpt_nb.format.records import Route
-from zckpt_nb.lessons.compare import compare
-from zckpt_nb.plan.calibration import RESULTS
+from zckpt_nb.lessons.compare import MODES, RESULTS, compare
 from zckpt_nb.plan.costs import predict
 from zckpt_nb.ui.widgets import CompareWidget
 
@@ -18,13 +16,13 @@ from zckpt_nb.ui.widgets import CompareWidget
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    return out, compare([2], "tiny", list(Route), out)
+    return out, compare([2], "tiny", list(MODES), out)
 
 
 def test_every_mode_has_a_record_per_rank(compared):
     _, records = compared
     saved = json.loads((compared[0] / RESULTS).read_text())
-    assert {(r["mode"], r["rank"]) for r in saved} == {(m, 0) for m in Route} | {
+    assert {(r["mode"], r["rank"]) for r in saved} == {(m, 0) for m in MODES} | {
         ("partitioned", 1), ("gathered16", 1), ("per_param", 1)}
     for r in records:
         for key in ("mode", "world_size", "rank", "predicted_bytes", "measured_bytes", "peak_memory_bytes",
@@ -54,7 +52,7 @@ def test_widget_runs_only_what_is_missing_and_redraws(compared):
     out, first = compared
     panel = CompareWidget(out, default_sizes=(2,))
     panel.sizes.value = (1, 2)
-    panel.modes.value = tuple(Route)
+    panel.modes.value = tuple(MODES)
     assert panel.pending() == [1]
     panel.button.click()  # runs in a background thread: the kernel stays free while ranks train
     panel.wait(timeout=600)
@@ -66,15 +64,15 @@ def test_widget_runs_only_what_is_missing_and_redraws(compared):
     assert panel.pending() == []
     assert len(panel.figure.axes) == 4
     assert len(panel.summary) == len(panel.records) == 2 * len(first) - 3  # N=1 has one rank per in-training mode
-    assert {(row["mode"], row["N"]) for row in panel.agreement} == {(m, n) for m in Route for n in (1, 2)}
+    assert {(row["mode"], row["N"]) for row in panel.agreement} == {(m, n) for m in MODES for n in (1, 2)}
     for row in panel.agreement:
         assert row["worst payload error (%)"] <= 1.0
         assert row["collective bytes: predicted = logged"] or (row["mode"], row["N"]) == ("gathered16", 1)
     # One rank: DeepSpeed leaves most parameters whole after the step, so save_16bit_model gathers only the ones it
     # had released; every module is still broadcast back from rank 0.
     (single,) = [r for r in panel.records if (r["mode"], r["world_size"]) == ("gathered16", 1)]
-    pred = predict("tiny", 1).gathered
-    assert pred["broadcast_bytes_per_rank"] <= single["logged_comm_bytes"] <= pred["comm_bytes_per_rank"]
+    pred = predict("tiny", 1).saves["gathered16"]
+    assert pred.ops["broadcast"] <= single["logged_comm_bytes"] <= pred.comm_bytes
 
 
 def test_widget_offers_any_world_size_and_adds_typed_ones(tmp_path):
@@ -115,3 +113,19 @@ def test_compare_cli_refuses_bad_world_sizes(tmp_path):
                            str(tmp_path / "c")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--nproc values must be >= 1" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_compare_command_prints_each_route_beside_its_prediction(tmp_path):
+    out = tmp_path / "c"
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "compare", "--nproc", "1", "--routes", "partitioned",
+                           "gathered16", "hf", "--output_dir", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from zckpt_nb.compare import load_records
+
+    records = load_records(out)
+    assert {(r.route, r.rank) for r in records} == {("partitioned", 0), ("gathered16", 0), ("hf", 0)}
+    for r in records:
+        assert abs(r.measured_payload_bytes / r.predicted_bytes - 1) <= 0.01, r
+        assert r.route != "partitioned" or r.logged_comm_bytes == r.predicted_comm_bytes == 40
+        assert f"{r.route:<11}" in done.stdout
+    assert f"3 records in {out / 'compare.json'}" in done.stdout

@@ -22,15 +22,18 @@ def test_each_tensor_is_padded_to_a_multiple_of_n():
 def test_prediction_reads_p_from_the_config():
     pred = predict("medium", 4, "bf16")
     assert pred.num_params == param_count("medium") == sum(tensor_numels("medium"))
-    assert pred.partitioned["per_rank_bytes"] == [12 * pred.slice_numel + fixed_tensor_bytes()] * 4
-    terms = pred.gathered["memory_terms"]
-    assert terms["rank 0"]["full model on rank 0 (param dtype)"] == 2 * pred.num_params
-    assert pred.gathered["rank0_extra_peak_bytes"] == sum(terms["rank 0"].values()) > 2 * pred.num_params
-    assert pred.offline["rank0_extra_peak_bytes"] == 4 * (pred.num_params + 4 * pred.slice_numel)  # two fp32 copies
+    assert pred.saves["partitioned"].written_bytes == 12 * pred.slice_numel + fixed_tensor_bytes()
+    gathered = pred.saves["gathered16"]
+    assert gathered.memory[0].what == "full model on rank 0 (param dtype)" and gathered.memory[0].rank0_bytes == \
+        2 * pred.num_params
+    assert gathered.extra_peak_bytes(0) == sum(m.rank0_bytes for m in gathered.memory) > 2 * pred.num_params
+    assert gathered.extra_peak_bytes(1) == sum(m.other_bytes for m in gathered.memory if m.on_device) > 0
+    assert pred.saves["offline"].extra_peak_bytes(0) == 4 * (pred.num_params + 4 * pred.slice_numel)  # two fp32 copies
     # save_16bit_model meets GPT-2's tied wte twice (as wte and as lm_head); the per-parameter walk once
     wte = 8192 * 768
-    assert pred.gathered["broadcast_bytes_per_rank"] == 2 * (pred.num_params + wte)
-    assert pred.gathered["allgather_bytes_per_rank"] == pred.per_param["allgather_bytes_per_rank"] + 2 * wte // 4
+    assert gathered.ops["broadcast"] == 2 * (pred.num_params + wte)
+    per_param = pred.saves["per_param"].ops["all_gather_into_tensor"]
+    assert gathered.ops["all_gather_into_tensor"] == per_param + 2 * wte // 4
     assert pred.slice_numel * 4 == pred.num_params + pred.padding_numel
 
 
@@ -45,7 +48,8 @@ def test_predicted_partitioned_bytes_match_the_shards_within_1_percent(which, re
     info = inspect_checkpoint(run.output_dir)
     pred = predict("tiny", info.world_size)
     assert info.world_size == run.world_size
-    for shard, expected in zip(info.ranks, pred.partitioned["per_rank_bytes"]):
+    expected = pred.saves["partitioned"].written_bytes
+    for shard in info.ranks:
         assert shard.partition_numel == pred.slice_numel
         assert abs(shard.payload_bytes - expected) <= 0.01 * expected
         assert shard.bytes > shard.payload_bytes  # the rest is the header, predicted below
@@ -58,9 +62,10 @@ def test_costs_cli_json_has_per_rank_bytes():
     done = subprocess.run([sys.executable, "-m", "zckpt_nb", "costs", "--model", "tiny", "--nproc", "3", "--json"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
-    assert len(data["partitioned"]["per_rank_bytes"]) == 3
+    data = json.loads(done.stdout)["prediction"]
+    assert data["world_size"] == 3 and data["saves"]["partitioned"]["written_bytes"] > 0
     # the files, header included (the pickled RNG state's integers vary by a few bytes between processes)
-    assert data["partitioned"]["per_rank_file_bytes"] == pytest.approx(file_bytes("tiny", 3), rel=1e-4)
-    assert data["partitioned"]["per_rank_file_bytes"] > data["partitioned"]["per_rank_bytes"][0]
-    assert data["gathered"]["allgather_bytes_per_rank"] > 0 and data["gathered"]["rank0_extra_peak_bytes"] > 0
+    assert data["rank_file_bytes"] == pytest.approx(file_bytes("tiny", 3), rel=1e-4)
+    assert data["rank_file_bytes"] > data["saves"]["partitioned"]["written_bytes"]
+    gathered = data["saves"]["gathered16"]
+    assert gathered["ops"]["all_gather_into_tensor"] > 0 and gathered["memory"][0]["rank0_bytes"] > 0

@@ -19,6 +19,25 @@ from zckpt_nb.run.logs import rank_lines
 from zckpt_nb.saving import faults
 
 
+def row(n: int, held: int, p: int = 1000, persistent_numel: int = 0, threshold: int = 0) -> dict:
+    return {"N": n, "threshold": threshold, "P": p, "held per rank": held, "persistent per rank": persistent_numel,
+            "written per rank": 12 * held, "shard bytes per rank": 12 * held, "save collective bytes per rank": 40,
+            "save collective ops": "2 x all_reduce"}
+
+
+def test_scaling_verdict_follows_the_measured_shares():
+    assert claims.scaling_sentence([row(1, 1000), row(2, 500)]).startswith("Each rank's share fell as 1/N")
+    assert "did not fall as 1/N" in claims.scaling_sentence([row(1, 1000), row(2, 1000, persistent_numel=1000)])
+    assert claims.scaling_sentence([row(3, 334)]).startswith("Only N = 3 was measured")
+
+
+def test_whole_model_verdict_names_the_runs_that_held_everything():
+    assert claims.whole_model_sentence([row(2, 500), row(4, 250)]).startswith("No rank held the whole model")
+    text = claims.whole_model_sentence([row(1, 1000), row(2, 1500, persistent_numel=1000, threshold=10**5)])
+    assert "With N = 1 and threshold 0, the only rank owns every slice" in text
+    assert "With N = 2 and threshold 100,000, each rank held 1,500 elements, more than P = 1,000" in text
+
+
 def test_agreement_verdict_follows_the_agreement_table():
     good = {"mode": "partitioned", "N": 2, "worst payload error (%)": 0.0, "collective bytes: predicted = logged": True}
     bad = dict(good, mode="gathered16", N=1, **{"collective bytes: predicted = logged": False})
@@ -39,7 +58,7 @@ def test_exact_ratio_and_persistent_tensors():
     assert persistent((5, 100, 100_001), 100_000) == (5, 100) and persistent((5,), 0) == ()
     assert deepspeed_persistence_default() == 100_000
     one, two = predict("tiny", 1, persistence_threshold=10**5), predict("tiny", 2, persistence_threshold=10**5)
-    assert one.partitioned["regather_bytes_per_rank"] == 0  # one rank has nothing to gather
+    assert one.regather_bytes == 0  # one rank has nothing to gather
     kept = persistent(tensor_numels("tiny"), 10**5)
     assert 0 < len(kept) < two.num_tensors  # tiny's embedding is above DeepSpeed's default threshold, the rest below
     assert two.held_numel == two.slice_numel + sum(kept) and two.persistent_tensors == len(kept)
@@ -63,7 +82,7 @@ def test_persistence_threshold_changes_what_ranks_hold_and_what_a_save_gathers(p
         assert r["held"] == {"owned": predict("tiny", 2).slice_numel, "persistent_tensors": 0, "persistent": 0}
         assert r["state_dict"]["empty"] == r["state_dict"]["tensors"]  # ZeRO-3 placeholders
     for c in persistent_run.data["save_costs"]:
-        assert c["comm_bytes"] == pred.partitioned["comm_bytes_per_rank"]  # tag check + every tensor re-gathered
+        assert c["comm_bytes"] == pred.saves["partitioned"].comm_bytes  # tag check + every tensor re-gathered
         assert c["comm_ops"]["all_gather_into_tensor"]["count"] == pred.persistent_tensors
     held = [line for line in persistent_run.log if "persistent tensors kept whole" in line]
     assert len(held) == 2 and f"holds {pred.held_numel:,} parameter elements" in held[0]
@@ -85,7 +104,7 @@ def test_save_16bit_with_the_gather_flag_off_writes_nothing_and_says_so(tmp_path
 def test_seed_snippet_makes_no_rank_claim_a_failed_save(tmp_path):
     with pytest.raises(LaunchError):
         launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False,
-               worker="zckpt_nb.examples.rank0_only", collective_timeout=10)
+               save_mode="rank0_only", collective_timeout=10)
     lines = rank_lines(tmp_path, last=50)
     assert not any("failed" in line and "save" in line for line in lines["rank 1"])  # it skipped the block
     assert any("was called on rank 0 only" in line for line in lines["rank 0"])

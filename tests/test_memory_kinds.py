@@ -30,7 +30,7 @@ def _cost(mode, rank, heap, cuda=None):
 def test_on_cpu_ranks_every_term_is_host_memory():
     pred = predict("tiny", 2, "fp32")
     row = memory_by_kind(pred, _cost("gathered16", 0, 10), "cpu")
-    assert row["predicted_extra_peak_bytes"] == pred.gathered["rank0_extra_peak_bytes"]
+    assert row["predicted_extra_peak_bytes"] == pred.saves["gathered16"].extra_peak_bytes(0)
     assert row["measured_extra_peak_bytes"] == 10 and row["measured_memory_kind"] == "host heap"
     assert row["predicted_cuda_extra_peak_bytes"] is None and "CUDA" not in memory_ratio({**row})
 
@@ -38,10 +38,9 @@ def test_on_cpu_ranks_every_term_is_host_memory():
 @pytest.mark.fast
 def test_on_gpu_ranks_gather_buffers_are_compared_with_cuda_allocated_only():
     pred = predict("tiny", 2, "bf16")
-    terms = pred.gathered["memory_terms"]["rank 0"]
-    buffers = terms["two buffers of the largest module, gathered"]
+    full, buffers = (m.rank0_bytes for m in pred.saves["gathered16"].memory)
     row = memory_by_kind(pred, _cost("gathered16", 0, 10, cuda=buffers), "cuda:0")
-    assert row["predicted_extra_peak_bytes"] == terms["full model on rank 0 (param dtype)"]  # host: rank 0's copy
+    assert row["predicted_extra_peak_bytes"] == full  # host: rank 0's copy
     assert row["predicted_cuda_extra_peak_bytes"] == buffers
     assert row["measured_extra_peak_bytes"] == 10  # the heap, never CUDA bytes
     assert memory_ratio(row).endswith("CUDA 1.00")

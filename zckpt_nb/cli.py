@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import CheckpointError, LaunchError, UsageError
-from zckpt_nb.format.units import counted
+from zckpt_nb.format.units import counted, secs, size
 from zckpt_nb.run import lifeline
 
 
@@ -107,13 +107,32 @@ def cmd_collect(args: argparse.Namespace) -> int:
         f"collected {len(args.parts)} node folders into {args.out}: {describe_manifest(m)}"], prefix="")
 
 
+def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Rows as aligned plain text under their column names."""
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [header, *rows])
+
+
+def print_prediction(pred: Any) -> None:
+    """What each rank holds and what its partitioned save writes and sends, from the cost model."""
+    part = pred.saves["partitioned"]
+    print(f"{pred.model}: P = {pred.num_params:,} in {pred.num_tensors:,} tensors, N = {pred.world_size:,}, "
+          f"{pred.dtype}, persistence threshold {pred.persistence_threshold:,}")
+    print(f"  slice per rank {pred.slice_numel:,} elements (padding {pred.padding_numel:,} over all ranks), "
+          f"{pred.persistent_tensors:,} persistent tensors held whole ({pred.persistent_numel:,} elements)")
+    print(f"  held per rank: params {size(pred.param_bytes)}, grads {size(pred.grad_bytes)}, fp32 master "
+          f"{size(pred.master_bytes)}, Adam {size(pred.optimizer_bytes)}")
+    files = f", {pred.rank_file_bytes:,} B in its two files" if pred.rank_file_bytes else ""
+    print(f"  partitioned save: {part.written_bytes:,} B of tensors per rank{files}; collectives "
+          f"{part.comm_bytes:,} B per rank (tag check {pred.tag_check_bytes}, regather {pred.regather_bytes:,})")
+
+
 def cmd_costs(args: argparse.Namespace) -> int:
     import json
+    from dataclasses import asdict
 
-    from zckpt_nb.plan.costs import format_prediction, predict
-    from zckpt_nb.plan.planning import Bandwidths, plan, plan_table, verdict
-    from zckpt_nb.ui.tables import format_table
-
+    from zckpt_nb.plan.costs import predict
+    from zckpt_nb.plan.planning import Bandwidths, plan
 
     sizes = world_sizes(args)
     name = args.config or args.model
@@ -121,12 +140,24 @@ def cmd_costs(args: argparse.Namespace) -> int:
     preds = [predict(name, n, args.dtype, args.persistence_threshold) for n in sizes]
     plans = [plan(name, n, bw, args.dtype, args.persistence_threshold, args.gather_16bit == "on") for n in sizes]
     if args.json:
-        data = [{**p.to_dict(), "plan": rows, "verdict": verdict(rows, bw)} for p, rows in zip(preds, plans)]
+        data = [{"prediction": p.to_dict(), "plan": [asdict(r) for r in rows]} for p, rows in zip(preds, plans)]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=1))
         return 0
-    print("\n\n".join(map(format_prediction, preds)) + "\n")
-    print(format_table([row for rows in plans for row in plan_table(rows)]) + "\n")
-    print("\n".join(verdict(rows, bw) for rows in plans))
+    for pred in preds:
+        print_prediction(pred)
+    header = ("N", "route", "rank 0 writes", "rank 0 extra peak", "stall", "to durable", "resumes training")
+    print("\n" + text_table(header, [(f"{r.world_size:,}", r.route, size(r.written_bytes), size(r.extra_peak_bytes),
+                                     f"{secs(r.stall_s)} s", f"{secs(r.durable_s)} s", "yes" if r.resumable else "no")
+                                    for rows in plans for r in rows]))
+    print("\nseconds by kind of work (write, read, net: bytes over the bandwidths; steps: ring steps x latency; "
+          "files: rank files opened x cost per file)")
+    for r in (r for rows in plans for r in rows):
+        print(f"  N = {r.world_size:,} {r.route}: " + ", ".join(f"{k} {secs(v)} s" for k, v in r.seconds.items()))
+    for rows in plans:
+        least = min((r for r in rows if r.route != "offline"), key=lambda r: r.stall_s)
+        soonest = min((r for r in rows if r.route != "partitioned"), key=lambda r: r.durable_s)
+        print(f"N = {rows[0].world_size:,}: least stall {least.route} ({secs(least.stall_s)} s); a consolidated "
+              f"model on disk soonest with {soonest.route} ({secs(soonest.durable_s)} s)")
     return 0
 
 
@@ -144,19 +175,19 @@ def world_sizes(args: argparse.Namespace) -> list[int]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from zckpt_nb.lessons import compare
-    from zckpt_nb.ui.plots import plot_compare
+    from zckpt_nb.compare import RESULTS, compare
 
     check_writable_dir(args.output_dir)
-    records = compare.compare(args.nproc, args.model, args.modes, args.output_dir, steps=args.steps,
-                              timeout=args.timeout, reuse=not args.fresh,
-                              persistence_threshold=args.persistence_threshold)
-    fig = plot_compare(records, title=f"Save modes compared: {args.model}, N = {args.nproc}",
-                       caption="Predicted (cost model) against measured (files, RSS, DeepSpeed comms logger).")
-    fig.savefig(Path(args.output_dir) / "compare.png", dpi=110, bbox_inches="tight")
-    for row in compare.agreement(records):
-        print("  ".join(f"{k}: {v}" for k, v in row.items()))
-    print(f"{len(records)} records in {Path(args.output_dir) / compare.RESULTS}; plots in compare.png")
+    records = compare(args.nproc, args.model, args.routes, args.output_dir, steps=args.steps, timeout=args.timeout,
+                      reuse=not args.fresh, persistence_threshold=args.persistence_threshold, verbose=False)
+    header = ("route", "N", "rank", "written, predicted", "measured", "collectives, predicted", "logged",
+              "extra peak pred / meas")
+    print(text_table(header, [(r.route, str(r.world_size), str(r.rank), f"{r.predicted_bytes:,} B",
+                               f"{r.measured_payload_bytes:,} B", f"{r.predicted_comm_bytes:,} B",
+                               "-" if r.logged_comm_bytes is None else f"{r.logged_comm_bytes:,} B",
+                               f"{size(r.predicted_extra_peak_bytes)} / {size(r.measured_extra_peak_bytes)}")
+                              for r in records]))
+    print(f"{len(records)} records in {Path(args.output_dir) / RESULTS}")
     return 0
 
 
@@ -320,13 +351,13 @@ def add_export_commands(sub: Any) -> None:
 
 
 def add_lesson_commands(sub: Any) -> None:
-    from zckpt_nb.format.records import Route
+    from zckpt_nb.compare import ROUTE_ORDER
     from zckpt_nb.model import PRESETS
 
-    cmp = sub.add_parser("compare", help="measure save modes across world sizes against the cost model")
+    cmp = sub.add_parser("compare", help="measure each save route across world sizes against the cost model")
     cmp.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     cmp.add_argument("--model", default="tiny", choices=sorted(PRESETS))
-    cmp.add_argument("--modes", nargs="+", default=list(Route), choices=list(Route))
+    cmp.add_argument("--routes", nargs="+", default=list(ROUTE_ORDER), choices=ROUTE_ORDER)
     cmp.add_argument("--output_dir", required=True)
     cmp.add_argument("--steps", type=int, default=5, help="training steps before the saves")
     cmp.add_argument("--timeout", type=float, default=1800, help="per world size; kills every rank when passed")

@@ -22,12 +22,33 @@ from zckpt_nb.convert.export import measure_export
 from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
 from zckpt_nb.errors import LaunchStopped, UsageError
-from zckpt_nb.format.records import Route
 from zckpt_nb.measure.meters import flush_writes
 from zckpt_nb.model import get_preset
-from zckpt_nb.plan.calibration import RESULTS, load_records
-from zckpt_nb.plan.costs import MODE_KEYS, Prediction, file_bytes, predict, predicted_for
+from zckpt_nb.plan.costs import Prediction, file_bytes, predict
 from zckpt_nb.run.launch import fresh_dir, gpu_count, launch
+
+RESULTS = "compare.json"
+
+
+def load_records(out_dir: Path) -> list[dict[str, Any]]:
+    """Records measured earlier into `out_dir/compare.json` (none when it does not exist, or of an older format)."""
+    path = Path(out_dir) / RESULTS
+    return [r for r in json.loads(path.read_text()) if "stall_seconds" in r] if path.is_file() else []
+
+
+def predicted_for(pred: Prediction, mode: str, rank: int) -> dict[str, Any]:
+    """One rank's predicted bytes written, collective bytes and extra peak for save `mode`."""
+    cost = pred.saves[mode]
+    return {"predicted_bytes": cost.written_bytes if mode == "partitioned" or rank == 0 else 0,
+            "predicted_comm_bytes": cost.comm_bytes, "predicted_comm_ops": cost.ops,
+            "predicted_extra_peak_bytes": cost.extra_peak_bytes(rank)}
+
+
+def own_terms(pred: Prediction, mode: str, rank: int) -> dict[str, tuple[int, bool]]:
+    """A mode's memory terms on `rank`: bytes and whether held where the parameters live."""
+    return {m.what: (m.rank0_bytes if rank == 0 else m.other_bytes, m.on_device) for m in pred.saves[mode].memory
+            if (m.rank0_bytes if rank == 0 else m.other_bytes)}
+
 
 IN_TRAINING_OPTIONS = {"gathered16": "save_16bit", "per_param": "save_gathered"}  # routes run by the worker
 IN_GPU_RANKS = ("partitioned", *IN_TRAINING_OPTIONS)  # the offline routes run in one CPU process, on any machine
@@ -112,12 +133,11 @@ def memory_by_kind(pred: Prediction, cost: dict[str, Any], device: str) -> dict[
     GPU ranks the terms held where the parameters live (`device_terms`: the gather buffers) against CUDA allocated.
     On CPU ranks every term is host memory. Pinned host bytes (asynchronous snapshots) are kept beside, not compared.
     """
-    part = getattr(pred, MODE_KEYS[cost["mode"]])
-    terms = part["memory_terms"]["rank 0" if cost["rank"] == 0 else "other ranks"]
+    terms = own_terms(pred, cost["mode"], cost["rank"])
     on_gpu = device.startswith("cuda") and cost["mode"] in IN_GPU_RANKS
-    in_cuda = sum(v for t, v in terms.items() if t in part["device_terms"]) if on_gpu else 0
+    in_cuda = sum(v for v, device_term in terms.values() if device_term) if on_gpu else 0
     heap = cost.get("heap_extra_peak_bytes")
-    return {"predicted_extra_peak_bytes": sum(terms.values()) - in_cuda,
+    return {"predicted_extra_peak_bytes": sum(v for v, _ in terms.values()) - in_cuda,
             "measured_extra_peak_bytes": cost["extra_peak_bytes"] if heap is None else heap,
             "measured_memory_kind": "host RSS" if heap is None else "host heap",
             "predicted_cuda_extra_peak_bytes": in_cuda if on_gpu else None,
@@ -169,14 +189,14 @@ def select(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], mod
     """The records for this model, these world sizes and modes and this threshold, in mode order."""
     keep = [r for r in records if r["model"] == model and r["world_size"] in set(nprocs) and r["mode"] in modes
             and r.get("persistence_threshold", 0) == threshold]
-    return sorted(keep, key=lambda r: (list(Route).index(r["mode"]), r["world_size"], r["rank"]))
+    return sorted(keep, key=lambda r: (MODES.index(r["mode"]), r["world_size"], r["rank"]))
 
 
 def check_request(nprocs: list[int], model: str, modes: list[str]) -> None:
     """Reject bad input with one line before anything runs."""
-    unknown = [m for m in modes if m not in list(Route)]
+    unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
-        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(Route)}")
+        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(MODES)}")
     gpus = gpu_count()
     if not nprocs or min(nprocs) < 1 or (gpus and max(nprocs) > gpus):
         raise UsageError(f"--nproc values must be >= 1{f' and <= {gpus} GPUs' if gpus else ''} (got {nprocs})")
@@ -219,7 +239,7 @@ def compare(nprocs: list[int], model: str, modes: list[str], output_dir: str | P
 def agreement(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (mode, N): worst payload error against the prediction and whether logged collective bytes matched."""
     rows = []
-    for key in sorted({(r["mode"], r["world_size"]) for r in records}, key=lambda k: (list(Route).index(k[0]), k[1])):
+    for key in sorted({(r["mode"], r["world_size"]) for r in records}, key=lambda k: (MODES.index(k[0]), k[1])):
         group = [r for r in records if (r["mode"], r["world_size"]) == key]
         errors = [abs(r["measured_payload_bytes"] / r["predicted_bytes"] - 1) for r in group if r["predicted_bytes"]]
         comm = [(r["predicted_comm_bytes"], r["logged_comm_bytes"]) for r in group]
@@ -248,13 +268,12 @@ def memory_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each (mode, N, rank): the cost model's memory terms and their kind beside the measured extra peak, in MiB."""
     rows = []
     for r in records:
-        pred = getattr(predict(r["model"], r["world_size"], r["dtype"], r["persistence_threshold"]),
-                       MODE_KEYS[r["mode"]])
-        terms = pred["memory_terms"]["rank 0" if r["rank"] == 0 else "other ranks"]
+        terms = own_terms(predict(r["model"], r["world_size"], r["dtype"], r["persistence_threshold"]), r["mode"],
+                          r["rank"])
         cuda = r.get("predicted_cuda_extra_peak_bytes") is not None
-        kind = {t: "CUDA" if cuda and t in pred["device_terms"] else "host" for t in terms}
         rows.append({"mode": r["mode"], "N": r["world_size"], "rank": r["rank"],
-                     "predicted terms (MiB)": "; ".join(f"{t} {v / 2**20:.2f} ({kind[t]})" for t, v in terms.items())
+                     "predicted terms (MiB)": "; ".join(f"{t} {v / 2**20:.2f} ({'CUDA' if cuda and on else 'host'})"
+                                                        for t, (v, on) in terms.items())
                                               or "none",
                      "predicted host MiB": round(r["predicted_extra_peak_bytes"] / 2**20, 2),
                      f"measured {r.get('measured_memory_kind', 'host heap')} MiB":
@@ -321,3 +340,4 @@ def explain_differences(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+MODES = ("partitioned", "gathered16", "per_param", "offline", "hf")

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.format.layout import REFERENCE, WEIGHTS
-from zckpt_nb.format.records import Route
 from zckpt_nb.format.units import counted
+from zckpt_nb.lessons.compare import MODES
 
 FP32_BYTES = 4  # the offline route and the export write fp32 masters
 WORKING_ROUTES = ("gathered16", "per_param")  # routes 1-2: the weights the engine computes with, in the run's dtype
@@ -108,7 +108,7 @@ def cost_summary(costs: list[dict[str, Any]], num_params: int, param_bytes: int 
     `param_bytes` (the run's working dtype, `bytes_per_param`) for the in-job routes, P x 4 for the fp32 masters.
     """
     rows, m = [], 2**20
-    for mode in Route:
+    for mode in MODES:
         by_rank = last_per_rank(costs, mode)
         if not by_rank:
             continue
@@ -301,7 +301,7 @@ def mib_or_dash(n: int | None) -> float | str:
 
 def cost_rows(costs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One display row per (mode, rank): the figures in units people read (s, MiB, KiB)."""
-    order = {m: i for i, m in enumerate(Route)}
+    order = {m: i for i, m in enumerate(MODES)}
     rows = []
     for c in sorted(costs, key=lambda c: (order.get(c["mode"], len(order)), c["rank"])):
         comm = c["comm_bytes"]
@@ -394,7 +394,7 @@ def world_size_answer(summary: list[dict[str, Any]], world_size: int, num_params
     by, other = {r["route"]: r for r in summary}, 3 if world_size == 2 else 2
     mine = by["partitioned"]["written MiB, rank 0"]
     pred = predict(model, other, dtype, threshold)
-    theirs = pred.partitioned["per_rank_file_bytes"] / 2**20
+    theirs = pred.rank_file_bytes / 2**20
     told = "the default" if other == 2 else "the one to try"
     return (f"With N = {world_size}, rank 0 wrote {mine:.2f} MiB in the partitioned save: its 1/N share of the fp32 "
             f"masters and Adam's moments. For N = {other} ({told}) the cost model predicts {theirs:.2f} MiB per rank: "
@@ -402,7 +402,7 @@ def world_size_answer(summary: list[dict[str, Any]], world_size: int, num_params
             f"Route 2 did not shrink: rank 0 wrote {by['per_param']['written MiB, rank 0']:.2f} MiB (the whole model, "
             f"{mib(num_params * param_bytes)} of working weights) and all-gathered "
             f"{by['per_param']['all-gathered / model']:.2f} x the model; for N = {other} the cost model predicts the "
-            f"same whole file, {pred.per_param['written_bytes'] / 2**20:.2f} MiB on rank 0, whatever N.")
+            f"same whole file, {pred.saves['per_param'].written_bytes / 2**20:.2f} MiB on rank 0, whatever N.")
 
 
 def partitioned_comm_sentence(costs: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:

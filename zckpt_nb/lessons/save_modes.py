@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from zckpt_nb.format.units import counted
+from zckpt_nb.lessons.compare import predicted_for
 from zckpt_nb.lessons.stall import NEVER, overlap_verdict, tied_modes
-from zckpt_nb.plan.costs import predict, predicted_for
+from zckpt_nb.plan.costs import predict
 
 KIB = 1024
 

@@ -11,8 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from zckpt_nb.convert.inspect import CheckpointInfo
-from zckpt_nb.format.records import Route
-from zckpt_nb.lessons.compare import IN_GPU_RANKS
+from zckpt_nb.lessons.compare import IN_GPU_RANKS, MODES
 
 
 def add_caption(fig: Figure, caption: str) -> Figure:
@@ -107,7 +106,7 @@ def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Fig
 def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figure:
     """Six panels of grouped bars, one group per route and one bar per rank: time, extra peak RSS, extra peak heap
     allocations, bytes written, bytes read, bytes moved by collectives (as DeepSpeed's comms logger recorded them)."""
-    modes = [m for m in Route if any(c["mode"] == m for c in costs)]
+    modes = [m for m in MODES if any(c["mode"] == m for c in costs)]
     ranks = sorted({c["rank"] for c in costs})
     last = {(c["mode"], c["rank"]): c for c in costs}  # the newest save of each (mode, rank)
     panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak RSS (MiB)"),
@@ -191,63 +190,6 @@ def plot_against_model(summary: Sequence[dict], model_bytes: int, *, title: str,
     ax.set(title=title, xlabel="route", ylabel="bytes / full model bytes (ratio)")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    return add_caption(fig, caption)
-
-
-def plot_plan_sweep(rows: Sequence[dict], measured: Sequence[dict], *, title: str, caption: str) -> Figure:
-    """Three log-log panels against N: per-rank shard bytes, rank 0's gathered-save extra peak, save stall;
-    `rows` from `planning.sweep`, `measured` compare records drawn over the curves of their model."""
-    panels = [("partitioned", "rank 0 writes B", "measured_payload_bytes", "Per-rank shard (partitioned save)",
-               "bytes per rank (B)"),
-              ("gathered16", "rank 0 extra peak B", "measured_extra_peak_bytes", "Rank 0's extra peak, gathered save",
-               "extra peak memory (B)"),
-              ("partitioned", "stall s", "seconds", "Training stall of a save", "stall (s)")]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    for ax, (mode, key, measured_key, name, ylabel) in zip(axes, panels):
-        for i, model in enumerate(models):
-            modes = (mode, "gathered16") if key == "stall s" else (mode,)
-            for m, ls in zip(modes, ("-", "--")):
-                pts = [(r["N"], r[key]) for r in rows if r["model"] == model and r["mode"] == m]
-                ax.plot(*zip(*pts), ls=ls, color=f"C{i}", label=f"{model}, {m}" if key == "stall s" else model)
-            for m in modes:  # one marker per save mode, whatever the panel: the caption names them
-                marker = {"partitioned": "x", "gathered16": "+"}.get(m, "o")
-                hits = [(r["world_size"], r[measured_key]) for r in measured
-                        if r["model"] == model and r["mode"] == m and r["rank"] == 0]
-                if hits:
-                    ax.scatter(*zip(*hits), marker=marker, s=60, color="black", zorder=3,
-                               label=f"{model}, {m}, measured")
-        ax.set(title=name, xlabel="world size N (ranks)", ylabel=ylabel, xscale="log", yscale="log")
-        if key == "stall s":  # its lines fill the panel: the legend goes beside it, over no line
-            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-        else:
-            ax.legend(fontsize=6)
-    fig.suptitle(title)
-    fig.tight_layout()
-    return add_caption(fig, caption)
-
-
-def plot_calibration(rows: Sequence[dict], *, title: str, caption: str, tolerance: float = 0.25) -> Figure:
-    """Predicted against measured seconds on log axes, from bandwidths alone and fitted, with y = x; misses named."""
-    fig, ax = plt.subplots(figsize=(7, 5))
-    measured = [r["measured s"] for r in rows]
-    lo, hi = min(measured) / 3, max(measured) * 3
-    xs = [lo, hi]
-    ax.plot(xs, xs, color="black", lw=1, label="predicted = measured")
-    ax.fill_between(xs, [x * (1 - tolerance) for x in xs], [x * (1 + tolerance) for x in xs], color="grey",
-                    alpha=0.2, label=f"within {tolerance:.0%}")
-    for key, marker, label in (("bandwidth-only s", "o", "bandwidths alone"),
-                               ("fitted s", "^", "the measuring machine's constants, fitted on its other saves")):
-        pts = [(r["measured s"], r[key]) for r in rows if r[key] is not None]
-        ax.scatter(*zip(*pts), marker=marker, label=label)
-    misses = sorted((r for r in rows if r["fitted s"] is not None and abs(r["fitted error"]) > tolerance),
-                    key=lambda r: r["measured s"])
-    for j, r in enumerate(misses):  # neighbours' names alternate above and below their point, so they do not overlap
-        ax.annotate(f"{r['model']} {r['mode']} N={r['N']}", (r["measured s"], r["fitted s"]), fontsize=6,
-                    xytext=(3, 4 if j % 2 else -9), textcoords="offset points")
-    ax.set(title=title, xlabel="measured seconds, rank 0 (s)", ylabel="predicted seconds (s)", xscale="log",
-           yscale="log")
-    ax.legend(fontsize=8)
     return add_caption(fig, caption)
 
 

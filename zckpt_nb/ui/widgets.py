@@ -18,15 +18,13 @@ from typing import Any
 import ipywidgets as w
 import matplotlib.pyplot as plt
 
-from zckpt_nb.errors import LaunchStopped, UsageError
-from zckpt_nb.format.records import Route
+from zckpt_nb.errors import LaunchStopped
 from zckpt_nb.lessons import compare
+from zckpt_nb.lessons.compare import MODES, load_records
 from zckpt_nb.model import PRESETS
-from zckpt_nb.plan.calibration import load_records
-from zckpt_nb.plan.planning import Bandwidths, plan, plan_table, verdict
 from zckpt_nb.run.launch import progress_of
 from zckpt_nb.ui.plots import plot_compare
-from zckpt_nb.ui.tables import html_table, table
+from zckpt_nb.ui.tables import html_table
 
 CAPTION = ("Each bar is one rank of one save mode at one world size. Left bars: the cost model's prediction; right "
            "bars: what was measured (tensor payload of the written files; DeepSpeed's comms logger).")
@@ -45,7 +43,7 @@ class CompareWidget:
 
     def __init__(self, output_dir: str | Path, *, default_sizes: tuple[int, ...] = (1, 2),
                  world_sizes: tuple[int, ...] | None = None, model: str = "tiny", presets: tuple[str, ...] = (),
-                 default_modes: tuple[str, ...] = tuple(Route), steps: int = 5, timeout: float | None = None,
+                 default_modes: tuple[str, ...] = MODES, steps: int = 5, timeout: float | None = None,
                  persistence_threshold: int = 0) -> None:
         """Offer `world_sizes` (1, 2, 4 by default) and `presets` (all by default) next to the defaults selected."""
         self.output_dir, self.steps, self.timeout = Path(output_dir), steps, timeout
@@ -62,8 +60,8 @@ class CompareWidget:
                                           description="persistence threshold",
                                           tooltip="stage3_param_persistence_threshold (DeepSpeed's default: 100000)",
                                           layout=w.Layout(width="260px"), style=WIDE)
-        self.modes = w.SelectMultiple(options=list(Route), value=list(default_modes), description="save modes",
-                                      rows=len(Route), style=WIDE)
+        self.modes = w.SelectMultiple(options=list(MODES), value=list(default_modes), description="save modes",
+                                      rows=len(MODES), style=WIDE)
         self.button = w.Button(description="Run what is missing", button_style="primary", icon="play",
                                tooltip="measure the world sizes and modes not in compare.json yet, then redraw",
                                layout=w.Layout(width="auto"))
@@ -196,57 +194,3 @@ class CompareWidget:
         actions = w.HBox([self.button, self.stop_button, self.progress, self.status],
                          layout=w.Layout(align_items="center"))
         return w.VBox([controls, actions, self.title, self.chart, self.table])
-
-
-class PlanWidget:
-    """A config, a world size, bandwidths, a step latency and a cost per file in; the plan and its verdict out."""
-
-    def __init__(self, configs: list[str], *, config: str, n: int, bw: Any, dtype: str = "bf16") -> None:
-        self.config = w.Dropdown(options=configs, value=config, description="config")
-        self.n = w.BoundedIntText(value=n, min=1, max=1_000_000, description="N (ranks)")
-        self.dtype = w.Dropdown(options=["bf16", "fp32"], value=dtype, description="dtype")
-        self.write = w.FloatText(value=bw.write_gbps, description="write GB/s")
-        self.read = w.FloatText(value=bw.read_gbps, description="read GB/s")
-        self.net = w.FloatText(value=bw.net_gbps, description="net GB/s")
-        self.latency = w.FloatText(value=bw.step_latency_us, description="step µs")
-        self.file_ms = w.FloatText(value=bw.file_ms, description="file ms")
-        self.out = w.Output()
-        self.rows: list[dict[str, Any]] = []
-        self.sentence = ""  # what the panel shows under the table (kept for tests)
-        for control in self.controls():
-            control.observe(self.refresh, names="value")
-
-    def controls(self) -> list[w.Widget]:
-        return [self.config, self.n, self.dtype, self.write, self.read, self.net, self.latency, self.file_ms]
-
-    def refresh(self, _change: Any = None) -> None:
-        """Plan again from the controls (no launch: arithmetic on the config) and redraw the table."""
-        from IPython.display import Markdown, display
-
-        self.out.clear_output(wait=True)
-        try:
-            bw = Bandwidths(self.write.value, self.read.value, self.net.value, self.latency.value, self.file_ms.value)
-            self.rows = plan(self.config.value, self.n.value, bw, self.dtype.value)
-            self.sentence = verdict(self.rows, bw)
-        except UsageError as e:
-            self.rows, self.sentence = [], f"**not planned:** {e}"
-        with self.out:
-            if self.rows:
-                display(table(plan_table(self.rows)))
-            display(Markdown(self.sentence))
-
-    def view(self) -> w.Widget:
-        """The whole panel."""
-        return w.VBox([w.HBox(self.controls()[:3]), w.HBox(self.controls()[3:]), self.out])
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        """The panel in Jupyter; where widgets do not render (HTML export, GitHub), its current plan as HTML."""
-        import html
-
-        bundle = self.view()._repr_mimebundle_(**kwargs)
-        state = (f"<p><i>A static copy of the panel ({self.config.value}, N = {self.n.value:,}, {self.dtype.value}, "
-                 f"write {self.write.value:g}, read {self.read.value:g}, net {self.net.value:g} GB/s); run the "
-                 "notebook in Jupyter to change it.</i></p>")
-        rows = html_table(plan_table(self.rows)) if self.rows else ""
-        bundle["text/html"] = f"{state}{rows}<p>{html.escape(self.sentence.replace('**', ''))}</p>"
-        return bundle

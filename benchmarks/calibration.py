@@ -1,4 +1,12 @@
-"""The time model against measured saves: each measuring machine's constants fitted, leave one out.
+"""The plan's time model against measured saves: each measuring machine's constants fitted, leave one out.
+
+    .venv/bin/python benchmarks/calibration.py [--extra_dir DIR_WITH_compare.json] [--csv build/bench/calibration.csv]
+
+Each rank-0 save of the shipped records (`benchmarks/data/measured_cpu_compare.json`, from
+`benchmarks/calibration_records.py`) is predicted twice: from the plan's bandwidth terms alone (`plan.planning`, at
+bandwidths probed on this machine), and with its measuring machine's constants fitted by least squares on that
+machine's other saves. Prints the fitted constants, the worst-predicted saves and how many lie within 25%;
+the findings are in docs/cost_model.md.
 """
 
 from __future__ import annotations
@@ -9,11 +17,18 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.compare import ROUTE_ORDER as MODE_KEYS
 from zckpt_nb.format.units import counted
-from zckpt_nb.plan.costs import MODE_KEYS, Prediction, predict
-from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, quantities, seconds, time_terms
+from zckpt_nb.plan.costs import Prediction, predict
+from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, time_terms, work
 
-MEASURED = Path(__file__).parents[1] / "data" / "measured_cpu_compare.json"  # shipped in zckpt_nb/data/
+MEASURED = Path(__file__).parent / "data" / "measured_cpu_compare.json"
+
+
+def seconds(s: float, unit: str = "ms") -> str:
+    """A duration in `unit` to 3 significant figures."""
+    value = s / {"s": 1, "ms": 1e-3}[unit]
+    return f"{float(f'{value:.3g}'):,g} {unit}"
 
 
 def measured_records(extra_dir: str | Path | None = None) -> list[dict[str, Any]]:
@@ -57,7 +72,7 @@ def features(record: dict[str, Any], pred: Prediction | None = None) -> dict[str
     `pred`: the record's prediction, when the caller has it already.
     """
     pred = pred or predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
-    mode, q, share = record["mode"], quantities(pred, record["mode"]), cpu_share(record)
+    mode, q, share = record["mode"], work(pred, record["mode"]), cpu_share(record)
     mine = {m: share * (m == mode) for m in MODE_KEYS}
     return {**{f"fixed {m}": v for m, v in mine.items()},
             **{f"bytes {m}": v * (q["write"] + q["read"]) for m, v in mine.items()},
@@ -173,16 +188,14 @@ def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) ->
             f"Bytes written: {exact} of {len(rows)} equal the prediction exactly.")
 
 
-RESULTS = "compare.json"
-
-
 def load_records(out_dir: Path) -> list[dict[str, Any]]:
-    """Records measured earlier into `out_dir/compare.json` (none when it does not exist).
+    """Records `python -m zckpt_nb compare` measured into `out_dir/compare.json`, in the shipped records' keys."""
+    from dataclasses import asdict
 
-    Records of an older format (without file predictions or stall times) are dropped: they are measured again.
-    """
-    path = Path(out_dir) / RESULTS
-    return [r for r in json.loads(path.read_text()) if "stall_seconds" in r] if path.is_file() else []
+    from zckpt_nb.compare import load_records as measured
+
+    renamed = {"route": "mode", "peak_rss_bytes": "peak_memory_bytes"}
+    return [{renamed.get(k, k): v for k, v in asdict(r).items()} for r in measured(out_dir)]
 
 
 def calibration_table(rows: list[dict[str, Any]], shown: int = 12) -> list[dict[str, Any]]:
@@ -225,3 +238,52 @@ def constants_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     names = list(dict.fromkeys(r["constant"] for r in rows))
     value = {(r["machine"], r["constant"]): r["value"] for r in rows}
     return [{"constant": c, **{m.split(" (")[0]: value.get((m, c), "-") for m in machines}} for c in names]
+
+
+def probe_disk(directory: Path, nbytes: int = 2**26) -> Bandwidths:
+    """This machine's write GB/s (`torch.save` of one buffer, then fsync) and read GB/s (`torch.load` of it, from the
+    page cache); the network is not probed (that needs two ranks) and is set to the write figure."""
+    import os
+    import time
+
+    import torch
+
+    path = directory / "zckpt_probe.pt"
+    buffer = torch.ones(nbytes // 4)
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        torch.save(buffer, f)
+        f.flush()
+        os.fsync(f.fileno())
+    written = time.perf_counter() - start
+    start = time.perf_counter()
+    torch.load(path, weights_only=True)
+    read = time.perf_counter() - start
+    path.unlink()
+    return Bandwidths(nbytes / written / GB, nbytes / read / GB, nbytes / written / GB)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--extra_dir", default=None, help="a folder whose compare.json joins the shipped records")
+    parser.add_argument("--csv", default="build/bench/calibration.csv", help="every calibrated save, worst first")
+    parser.add_argument("--shown", type=int, default=12)
+    args = parser.parse_args()
+    records = measured_records(args.extra_dir)
+    print(records_sentence(records))
+    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+    probed = probe_disk(Path(args.csv).parent)
+    print(f"probed here: write {probed.write_gbps:.3g} GB/s, read {probed.read_gbps:.3g} GB/s")
+    rows = calibration(records, probed)
+    for row in constants_table(machine_constants(rows)):
+        print("  " + "  ".join(f"{v}" for v in row.values()))
+    for row in calibration_table(rows, args.shown):
+        print("  " + "  ".join(f"{k}: {v}" for k, v in row.items()))
+    print(calibration_sentence(rows))
+    print(f"every save: {save_calibration(rows, args.csv)}")
+
+
+if __name__ == "__main__":
+    main()
