@@ -264,17 +264,21 @@ def test_export_replaces_only_a_previous_export_and_only_with_overwrite(routes_r
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "keep.txt").write_text("mine")
-    for flags, message in (([], "not empty; pass --overwrite"), (["--overwrite"], "not a previous export")):
+    for flags, message in (([], "not empty; pass --overwrite"), (["--overwrite"], "keep.txt, which zckpt_nb did not")):
         done = cli("export", str(routes_run.output_dir), str(mine), *flags)
         assert done.returncode == 2 and message in done.stderr
         assert [p.name for p in mine.iterdir()] == ["keep.txt"]
     model = tmp_path / "model"
     assert cli("export", str(routes_run.output_dir), str(model)).returncode == 0
-    (model / "stale.txt").write_text("from an older export")
-    assert cli("export", str(routes_run.output_dir), str(model)).returncode == 2
-    assert (model / "stale.txt").is_file()
+    (model / "stale.txt").write_text("not the export's")
+    for flags in ([], ["--overwrite"]):  # a file the export did not write: kept, and named
+        done = cli("export", str(routes_run.output_dir), str(model), *flags)
+        assert done.returncode == 2 and (model / "stale.txt").is_file()
+    assert "stale.txt" in done.stderr
+    (model / "stale.txt").unlink()
+    (model / "model.safetensors").write_bytes(b"edited")  # the export's own files, changed: still its output
     assert cli("export", str(routes_run.output_dir), str(model), "--overwrite").returncode == 0
-    assert not (model / "stale.txt").exists() and (model / "model.safetensors").is_file()
+    assert (model / "model.safetensors").stat().st_size > 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "model"]  # no temporary folder left behind
 
 

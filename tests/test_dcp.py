@@ -130,7 +130,7 @@ def test_to_dcp_refuses_to_replace_a_folder_it_did_not_write(zero_run: RunResult
     done = subprocess.run([sys.executable, "-m", "zckpt_nb", "to-dcp", str(zero_run.output_dir), str(keep)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert len(done.stderr.strip().splitlines()) == 1 and "not a DCP checkpoint" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "notes.txt, which zckpt_nb did not write" in done.stderr
     assert (keep / "notes.txt").read_text() == "keep me"
 
 

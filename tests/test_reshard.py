@@ -64,7 +64,7 @@ def test_export_after_a_universal_load_equals_the_source_export(source, tmp_path
 
 def test_a_crash_mid_conversion_is_never_loaded(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
-    partial = dst / UNIVERSAL / f"{TAG}.converting"
+    partial = dst / UNIVERSAL / f".{TAG}.killed.partial"  # a conversion's own folder, as `staged` names it
     child = subprocess.Popen([sys.executable, "-m", "zckpt_nb.convert.reshard", dst / TAG, partial],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -75,10 +75,11 @@ def test_a_crash_mid_conversion_is_never_loaded(source, tmp_path):
     assert any(partial.rglob("*.pt")) and not (partial / MANIFEST).exists()
     assert reusable(dst, TAG) is None
     with pytest.raises(CheckpointError, match="took over"):
-        convert(dst, TAG, timeout=0.5)  # a conversion past its bound stops, nothing committed
-    assert reusable(dst, TAG) is None
+        convert(dst, TAG, timeout=0.5)  # a conversion past its bound stops, nothing committed, its folder removed
+    assert reusable(dst, TAG) is None and sorted(p.name for p in (dst / UNIVERSAL).iterdir()) == [partial.name]
     manifest, reused = ensure_universal(dst, TAG)
-    assert not reused and manifest["source_world_size"] == 2 and not partial.exists()
+    assert not reused and manifest["source_world_size"] == 2
+    assert sorted(p.name for p in (dst / UNIVERSAL).iterdir()) == [partial.name, TAG]  # another run's folder: kept
 
 
 def test_a_damaged_or_stale_copy_is_converted_again(source, tmp_path):

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb import data
+from zckpt_nb.convert.dcp import read_dcp
 from zckpt_nb.convert.reshard import file_entries
-from zckpt_nb.convert.verify import read_kind
+from zckpt_nb.convert.verify import read_kind, verify_universal
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, committed_tags, tag_for, tag_step
@@ -103,20 +104,16 @@ def state_of(worker: FsdpWorker) -> dict[str, Any]:
 
 def saved_train_state(folder: Path) -> dict[str, Any]:
     """A DCP checkpoint's train state (step, seed, global batch, world size, horizon), read without a model."""
-    import torch.distributed.checkpoint as dcp
 
     state = {"train_state": {"step": 0, "seed": 0, "global_batch": 0, "world_size": 0, "steps": 0}}
-    dcp.load(state, checkpoint_id=folder, no_dist=True)
-    return state["train_state"]
+    return read_dcp(folder, state)["train_state"]
 
 
 def resume(worker: FsdpWorker, folder: Path) -> None:
     """Load a DCP checkpoint into the sharded model, AdamW and the scheduler (any world size)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    state = state_of(worker)
-    dcp.load(state, checkpoint_id=folder)
+    state = read_dcp(folder, state_of(worker), no_dist=False)  # verified, and no code run from its bytes
     set_state_dict(worker.model, worker.optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
     worker.scheduler.load_state_dict(state["lr_scheduler"])
@@ -198,6 +195,8 @@ def train(opts: TrainOptions) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     folder = Path(opts.output_dir) / newest_dcp(opts.output_dir) if opts.resume else None
+    if folder:  # every file's size and SHA-256, nothing unlisted, before anything is read
+        verify_universal(folder, kind=DCP_KIND)
     saved = saved_train_state(folder) if folder else None
     if saved:  # the checkpoint's batch and LR horizon, as the ZeRO-3 worker keeps them
         opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": saved["global_batch"]})

@@ -19,10 +19,10 @@ from typing import Any
 
 from zckpt_nb.convert.inspect import shard_paths
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.verify import verify_tag
+from zckpt_nb.convert.verify import unlisted, verify_tag
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
-from zckpt_nb.format.layout import MANIFEST, RANK_FILE, latest_name
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_name
 from zckpt_nb.format.manifest import checkpoint_manifest, file_record, sha256_file
 from zckpt_nb.format.units import counted
 
@@ -44,8 +44,9 @@ def locate(path: str | Path, tag: str | None) -> tuple[Path, str]:
             raise CheckpointError(f"{path} has no 'latest' file; pass --tag (tag folders here: "
                                   f"{', '.join(tags) or 'none'})")
         tag = tags[0]
-    if not (path / tag).is_dir():
-        raise CheckpointError(f"no checkpoint folder {path / tag}")
+    if not is_plain_name(tag) or (path / tag).is_symlink() or not (path / tag).is_dir():
+        raise CheckpointError(f"{tag!r} is not a tag folder inside {path} (a name, not a path or a symbolic link); "
+                              "pass --tag with a folder of it")
     return path, tag
 
 
@@ -100,6 +101,10 @@ def adopt(path: str | Path, tag: str | None = None) -> dict[str, Any]:
     if not files:
         raise CheckpointError(f"{tag_dir} holds no ZeRO rank file (zero_pp_rank_R_mp_rank_00_*_states.pt): it is "
                               "not a DeepSpeed ZeRO checkpoint")
+    extra = unlisted(tag_dir, [{"path": p.name} for kinds in files.values() for p in kinds.values()])
+    if extra:  # DeepSpeed's readers would load them with the rank files
+        raise CheckpointError(f"{tag_dir / extra[0]} is not a rank file, and DeepSpeed's readers would load it with "
+                              f"them: move it out of {tag_dir}, then adopt")
     facts = read_facts(tag_dir, files)
     gaps = missing_files(files, facts["world_size"])
     if gaps:

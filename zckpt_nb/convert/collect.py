@@ -7,8 +7,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.verify import verify
+from zckpt_nb.convert.verify import check_output, verify
 from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.disk import atomic_write, staged
 from zckpt_nb.format.layout import MANIFEST, SHARED_FILES, latest_name
 from zckpt_nb.format.manifest import checkpoint_manifest
 
@@ -34,9 +35,8 @@ def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) ->
     end, so `out` is a plain checkpoint folder that `export` and DeepSpeed's `zero_to_fp32.py` read. Returns its
     manifest; CheckpointError in one line otherwise.
     """
-    parts, out = [Path(p) for p in parts], Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise CheckpointError(f"{out} is not empty; collect into a new folder")
+    parts, out = [Path(p) for p in parts], Path(out).absolute()
+    check_output(out)
     tag = tag or latest_name(parts[0])
     manifests = [verify(part, tag) for part in parts]
     holder = {m.get("node"): part for m, part in zip(manifests, parts)}
@@ -47,15 +47,16 @@ def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) ->
     if needed - holder.keys():
         raise CheckpointError(f"no folder given for node(s) {', '.join(map(str, sorted(needed - holder.keys())))} "
                               f"of {tag}; pass every node's --output_dir")
-    (out / tag).mkdir(parents=True)
-    for entry in files:
-        shutil.copy2(holder[entry["node"]] / tag / entry["path"], out / tag / entry["path"])
-    for name in (*SHARED_FILES, "zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed copies its scripts on rank 0
-        source = next((part / name for part in parts if (part / name).is_file()), None)
-        if source:
-            shutil.copy2(source, out / name)
-    first = manifests[0]
-    (out / tag / MANIFEST).write_text(checkpoint_manifest(out, tag, first["step"], first["world_size"],
-                                                         first["identity"], [{"files": files}]))
-    (out / "latest").write_text(tag)
+    with staged(out) as tmp:
+        (tmp / tag).mkdir()
+        for entry in files:
+            shutil.copy2(holder[entry["node"]] / tag / entry["path"], tmp / tag / entry["path"])
+        for name in (*SHARED_FILES, "zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed copies its scripts on rank 0
+            source = next((part / name for part in parts if (part / name).is_file()), None)
+            if source:
+                shutil.copy2(source, tmp / name)
+        first = manifests[0]
+        atomic_write(tmp / tag / MANIFEST, checkpoint_manifest(tmp, tag, first["step"], first["world_size"],
+                                                               first["identity"], [{"files": files}]))
+        atomic_write(tmp / "latest", tag)
     return verify(out, tag)

@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 import os
-import shutil
+import pickle
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,11 +36,11 @@ from typing import Any
 
 from zckpt_nb.convert.reshard import ensure_universal, file_entries, manifest_hash, reusable
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.verify import newest_committed, read_kind, verify_tag, verify_universal
+from zckpt_nb.convert.verify import check_output, newest_committed, verify_tag, verify_universal
 from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader
-from zckpt_nb.errors import CheckpointError, UsageError
+from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.client_state import CLIENT_KEY
-from zckpt_nb.format.disk import atomic_write, fsync_dir
+from zckpt_nb.format.disk import atomic_write, fsync_dir, staged
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
 from zckpt_nb.format.manifest import FORMAT, elsewhere, file_record, read_manifest, sha256_file
 from zckpt_nb.format.units import counted, secs
@@ -281,12 +281,6 @@ def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]
             "peak_rss_bytes": meters.rss_high_water() or 0}, writer.digests
 
 
-def check_out_dir(out: Path) -> None:
-    """Refuse to replace a folder that is not an earlier DCP conversion (nothing of the user's is deleted)."""
-    if out.exists() and any(out.iterdir()) and read_kind(out) != DCP_KIND:
-        raise UsageError(f"{out} exists and is not a DCP checkpoint written by to-dcp; name a new or empty folder")
-
-
 def largest_state_bytes(ckpt_dir: str | Path, tag: str) -> int:
     """The bound's unit: the largest parameter's fp32 state (weights and both Adam moments; a frozen one's weights
     only), in bytes, read from the tag's rank files or, where it has none, its universal copy."""
@@ -338,11 +332,17 @@ def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple
     return Source(universal_dir(ckpt_dir, tag), universal=True), facts, None
 
 
+def dcp_cause(error: BaseException) -> BaseException:
+    """The first rank's exception inside DCP's CheckpointException (which wraps every failure), else `error`."""
+    failures = getattr(error, "failures", None)
+    return next(iter(failures.values()))[0] if failures else error
+
+
 def checked_first(check: Any, error: BaseException) -> BaseException:
     """The rank files' check's error where it failed (a corrupted file explains what went wrong after), else
-    `error`; waits for the check."""
+    `error` (unwrapped from DCP's exception); waits for the check."""
     failed = check.exception() if check is not None else None
-    return failed if failed is not None else error
+    return failed if failed is not None else dcp_cause(error)
 
 
 def verified(check: Any, manifest: dict[str, Any]) -> dict[str, float]:
@@ -356,17 +356,12 @@ def verified(check: Any, manifest: dict[str, Any]) -> dict[str, float]:
     return {"check_seconds": seconds, "check_wait_seconds": time.perf_counter() - start}
 
 
-def commit_dcp(tmp: Path, out: Path, record: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
-    """Write the manifest `record` over every file of `tmp` (hashed as written where the writer did), then rename
-    `tmp` to `out`, replacing an earlier conversion; returns the manifest."""
+def commit_dcp(tmp: Path, record: dict[str, Any], digests: dict[str, str]) -> None:
+    """Write the manifest `record` over every file of `tmp` (hashed as written where the writer did)."""
     files = [file_record(p, tmp, None, digests.get(p.name) or sha256_file(p)) for p in sorted(tmp.iterdir())]
     fsync_dir(tmp)  # the files' names durable before the manifest names them (their bytes were fsynced by DCP)
     record["conversion"]["bytes"] = sum(f["bytes"] for f in files)
     atomic_write(tmp / MANIFEST, json.dumps({**record, "files": files}, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
-    return read_manifest(out)
 
 
 def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
@@ -380,29 +375,27 @@ def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    ckpt_dir, out = Path(ckpt_dir), Path(out_dir).resolve()
+    from torch.distributed.checkpoint import CheckpointException  # DCP's, a BaseException: caught by name
+
+    ckpt_dir, out = Path(ckpt_dir), Path(out_dir).absolute()
     if route not in (None, RANK_FILES, UNIVERSAL_COPY):
         raise UsageError(f"route {route!r}: pass None, {RANK_FILES!r} or {UNIVERSAL_COPY!r}")
-    check_out_dir(out)
+    check_output(out, DCP_KIND)
     tag = tag or newest_committed(ckpt_dir, "converting to DCP")
-    tmp = out.with_name(f"{out.name}.converting")
-    shutil.rmtree(tmp, ignore_errors=True)  # a conversion that crashed earlier: never loaded
     with ThreadPoolExecutor(max_workers=1) as pool:
         source, facts, check = open_source(ckpt_dir, tag, route, pool)
-        from torch.distributed.checkpoint import CheckpointException  # DCP's, a BaseException: caught by name
-
-        try:
-            cost, digests = write_dcp(source, tmp)
-            cost.update(verified(check, facts["manifest"]), route=facts["route"], universal=facts["universal"])
-        except (Exception, CheckpointException) as error:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise checked_first(check, error) from error
-    known = facts["manifest"]
-    return commit_dcp(tmp, out, {
-        "format": FORMAT, "kind": DCP_KIND, "tag": tag, "step": known["step"],
-        "source_world_size": known.get("source_world_size", known.get("world_size")),
-        "identity": known.get("identity"), "source_manifest_sha256": manifest_hash(ckpt_dir, tag),
-        "conversion": cost}, digests)
+        with staged(out) as tmp:
+            try:
+                cost, digests = write_dcp(source, tmp)
+                cost.update(verified(check, facts["manifest"]), route=facts["route"], universal=facts["universal"])
+            except (Exception, CheckpointException) as error:
+                raise checked_first(check, error) from error
+            known = facts["manifest"]
+            commit_dcp(tmp, {"format": FORMAT, "kind": DCP_KIND, "tag": tag, "step": known["step"],
+                             "source_world_size": known.get("source_world_size", known.get("world_size")),
+                             "identity": known.get("identity"), "source_manifest_sha256": manifest_hash(ckpt_dir, tag),
+                             "conversion": cost}, digests)
+    return read_manifest(out)
 
 
 def describe_to_dcp(manifest: dict[str, Any]) -> str:
@@ -417,24 +410,120 @@ def describe_to_dcp(manifest: dict[str, Any]) -> str:
             "any number of ranks with dcp.load and set_state_dict")
 
 
-def read_dcp(folder: Path, keys: dict[str, Any]) -> dict[str, Any]:
-    """Load the flat DCP `keys` (fqn -> an empty tensor or a placeholder value) from `folder`, no process group."""
+# What DCP's `.metadata` pickles (torch 2.13): its metadata dataclasses and the few types they hold; torch's dtypes too
+DCP_TYPES = {("torch.distributed.checkpoint.metadata", name) for name in (
+    "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+    "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("collections", "OrderedDict")}
+MAX_METADATA_BYTES = 1 << 28
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` unpickled building only `DCP_TYPES` and dtypes: a forged file cannot name a callable.
+
+    DCP's own `FileSystemReader.read_metadata` is a plain `pickle.load`, which runs whatever the file names.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if (module, name) in DCP_TYPES or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a type of DCP's metadata")
+
+
+def dcp_metadata(folder: Path) -> Any:
+    """`folder`'s DCP metadata, unpickled by `MetadataUnpickler` and checked (`check_metadata`); CheckpointError in
+    one line otherwise."""
+    path = folder / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_METADATA_BYTES:
+                raise CheckpointError(f"{path} is larger than {MAX_METADATA_BYTES >> 20} MiB: not DCP's metadata")
+            metadata = MetadataUnpickler(f).load()
+        check_metadata(metadata, folder)
+    except CheckpointError:
+        raise
+    except Exception as e:  # refused types, truncated or garbled pickles, fields of the wrong type: bad input
+        raise CheckpointError(f"cannot read {path} ({first_line(e)}); refusing it (it could run code): restore the "
+                              "checkpoint from a trusted copy") from None
+    return metadata
+
+
+def check_metadata(metadata: Any, folder: Path) -> None:
+    """Every item of DCP's `metadata` lies inside a file of `folder`, untransformed, and no tensor is larger than
+    the files hold (nothing read or allocated past them)."""
+    import torch
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    files = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise TypeError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    for index, info in metadata.storage_data.items():
+        where = (getattr(info, "relative_path", None), getattr(info, "offset", None), getattr(info, "length", None))
+        if not (where[0] in files and all(type(n) is int and n >= 0 for n in where[1:])
+                and where[1] + where[2] <= files[where[0]] and not getattr(info, "transform_descriptors", None)):
+            raise ValueError(f"it places {getattr(index, 'fqn', index)!r} at {where}, outside the files of {folder}")
+    for fqn, item in dict(metadata.state_dict_metadata).items():
+        if isinstance(item, TensorStorageMetadata) and (not isinstance(item.properties.dtype, torch.dtype) or math.prod(
+                item.size) * item.properties.dtype.itemsize > sum(files.values())):
+            raise ValueError(f"it gives {fqn!r} a shape of {tuple(item.size)}, more than the files hold")
+
+
+def verified_reader(folder: Path, metadata: Any) -> Any:
+    """DCP's FileSystemReader for `folder`, handing DCP the `metadata` `dcp_metadata` read and checked."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class VerifiedReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+            metadata.storage_meta.load_id = self.load_id  # as DCP's own reader does
+            return metadata
+
+    return VerifiedReader(folder)
+
+
+def weights_only_planner() -> Any:
+    """DCP's DefaultLoadPlanner whose byte items (non-tensor values) are unpickled weights-only first: DCP's own
+    `load_bytes` uses weights_only=False, so it runs only on bytes that built plain data that way."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class WeightsOnlyPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            load(value, name=f"item {read_item.dest_index.fqn!r} of a DCP checkpoint")
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return WeightsOnlyPlanner()
+
+
+def read_dcp(folder: Path, keys: dict[str, Any], no_dist: bool = True) -> dict[str, Any]:
+    """Load `keys` (fqn -> an empty tensor or a placeholder value) from the DCP checkpoint `folder` without running
+    code from its bytes (`verified_reader`, `weights_only_planner`); no process group unless `no_dist` is False."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
 
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    dcp.load(keys, checkpoint_id=folder, no_dist=True)
+    try:
+        reader = verified_reader(folder, dcp_metadata(folder))  # refused here, before DCP's own machinery runs
+        dcp.load(keys, storage_reader=reader, planner=weights_only_planner(), no_dist=no_dist)
+    except dcp.CheckpointException as error:
+        cause = dcp_cause(error)
+        if isinstance(cause, CheckpointError | OSError):
+            raise cause from None
+        raise CheckpointError(f"cannot read the DCP checkpoint {folder}: {first_line(cause)}") from None
     return keys
 
 
 def dcp_globals(folder: Path) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     """A DCP checkpoint's parameter FQNs (the optimizer's order), its AdamW param group, and everything else that
     is not a tensor (lr_scheduler.*, train_state.*), read from its metadata."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
+    meta = dcp_metadata(folder).state_dict_metadata
     values = read_dcp(folder, {k: None for k, v in meta.items() if isinstance(v, BytesStorageMetadata)})
     prefix = "optimizer.param_groups.0."
     group = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
@@ -507,17 +596,22 @@ def zero_states(params: dict[str, Any], ties: dict[str, str], values: dict[str, 
 def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> dict[str, Any]:
     """Convert a committed DCP checkpoint (to-dcp's or the FSDP2 worker's) into a ZeRO-3 checkpoint folder
     `out_dir` whose universal copy `train --resume` loads on any number of ranks; returns the universal manifest."""
+    folder, out = Path(dcp_dir), Path(out_dir).absolute()
+    source = verify_universal(folder, kind=DCP_KIND)
+    check_output(out)
+    ties, hf_config = tied_names(config), model_config(config)  # a bad --config: now
+    with staged(out) as tmp:
+        tag = write_zero(folder, tmp, source, ties, hf_config)
+    return read_manifest(universal_dir(out, tag))
+
+
+def write_zero(folder: Path, out: Path, source: dict[str, Any], ties: dict[str, str], hf_config: Any) -> str:
+    """Write the DCP checkpoint `folder` into `out` as a ZeRO-3 checkpoint folder of one universal copy; its tag."""
     import torch
 
-    folder, out = Path(dcp_dir), Path(out_dir).resolve()
-    source = verify_universal(folder, kind=DCP_KIND)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"{out} is not empty; name a new or empty folder for from-dcp")
-    start, ties, hf_config = time.perf_counter(), tied_names(config), model_config(config)  # a bad --config: now
+    start = time.perf_counter()
     names, group, values = dcp_globals(folder)
-    from torch.distributed.checkpoint import FileSystemReader
-
-    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
+    meta = dcp_metadata(folder).state_dict_metadata
     params = {n: tuple(meta[f"model.{n}"].size) for n in names}
     tag, train = tag_for(source["step"]), {k: v for k, v in values.items() if k.startswith("train_state.")}
     uni = universal_dir(out, tag)
@@ -542,5 +636,4 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> dict[str,
         "source_world_size": source["source_world_size"], "identity": identity,
         "source_manifest_sha256": manifest_hash(out, tag), "conversion": cost, "files": files}, indent=1))
     atomic_write(out / "latest", tag)
-    fsync_dir(out)
-    return read_manifest(uni)
+    return tag

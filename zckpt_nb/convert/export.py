@@ -15,27 +15,25 @@ This module imports neither DeepSpeed nor torch at import time, so `generate` an
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.model_card import run_facts, write_card
 from zckpt_nb.convert.safeload import check_files, load
 from zckpt_nb.convert.streaming import write_weights
-from zckpt_nb.convert.verify import newest_committed
+from zckpt_nb.convert.verify import check_output, newest_committed
 from zckpt_nb.convert.zero_to_fp32 import shard_files, zero_to_fp32_script
 from zckpt_nb.data import corpus_text
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
-from zckpt_nb.format.disk import check_writable
-from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name, tag_dirs
+from zckpt_nb.format.disk import atomic_write, check_writable, staged, umask
+from zckpt_nb.format.layout import EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
+from zckpt_nb.format.manifest import FORMAT, file_record, sha256_file
 from zckpt_nb.measure import meters
 from zckpt_nb.measure.meters import ready_to_time
 from zckpt_nb.model import gpt2_config
 
-# What each file of an export is for (notebook 04 shows this next to the real folder).
+# What each file of an export is for.
 FILE_ROLES = {
     "config.json": "the architecture (GPT-2 shape, vocabulary size, special token ids): what from_pretrained builds",
     "generation_config.json": "defaults for generate() (bos/eos/pad token ids), derived from the config",
@@ -49,6 +47,8 @@ FILE_ROLES = {
     "chat_template.jinja": "the chat template, if the tokenizer has one",
     "README.md": "the model card: the run's facts (preset, steps, loss, ranks, source tag and its manifest's "
                  "SHA-256), how to load it, and the front matter the Hugging Face Hub reads",
+    "zckpt_manifest.json": "zckpt_nb's record of the export: every file's size and SHA-256 (export --overwrite "
+                           "replaces only a folder holding one)",
 }
 
 
@@ -101,17 +101,13 @@ def tag_world_size(ckpt_dir: Path, tag: str) -> int:
 
 
 def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
-    """Raise UsageError unless `out_dir` may be (re)written without touching the checkpoint."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"output {out_dir} is a file; choose a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace it")
-        if not (out_dir / "config.json").is_file():  # --overwrite deletes: only ever a previous export
-            raise UsageError(f"output folder {out_dir} is not empty and holds no config.json, so it is not a "
-                             "previous export; --overwrite only replaces one of those: choose another folder")
+    """Raise UsageError unless `out_dir` may be (re)written without touching the checkpoint: new, empty, or (with
+    `overwrite`) an earlier export holding only what its manifest lists."""
     if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
         raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
+    if out_dir.is_dir() and not out_dir.is_symlink() and any(out_dir.iterdir()) and not overwrite:
+        raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace an earlier export")
+    check_output(out_dir, EXPORT_KIND)
     check_writable(out_dir)
 
 
@@ -162,12 +158,9 @@ def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
 
 
 def share_permissions(folder: Path) -> None:
-    """Give `folder` and its files the modes of any save under this umask (0755/0644 under 022).
-
-    mkdtemp makes the folder 0700 and safetensors creates its files 0600: private to us, unlike a shared model.
-    """
-    mask = os.umask(0)
-    os.umask(mask)  # reading the umask means setting it; put it straight back
+    """Give `folder` and its files the modes of any save under this umask (0755/0644 under 022): safetensors
+    creates its files 0600, private to us, unlike a shared model."""
+    mask = umask()
     for path in [folder, *folder.rglob("*")]:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
@@ -181,19 +174,12 @@ def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name
     tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
         if (ckpt_dir / "tokenizer.json").is_file() else None
     world_size = tag_world_size(ckpt_dir, tag)
-    write_card(dest, run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size), name)
+    facts = run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size)
+    write_card(dest, facts, name)
+    files = [file_record(p, dest, None, sha256_file(p)) for p in sorted(dest.iterdir())]
+    atomic_write(dest / MANIFEST, json.dumps({"format": FORMAT, "kind": EXPORT_KIND, "tag": tag,
+                                              "step": facts["steps"], "files": files}, indent=1))
     share_permissions(dest)
-
-
-def replace_dir(new: Path, target: Path) -> None:
-    """Move the finished folder `new` to `target`, replacing what was there only once `new` is complete."""
-    if target.is_dir() and any(target.iterdir()):
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.replace(target, old / target.name)
-        os.replace(new, target)
-        shutil.rmtree(old)
-    else:
-        os.replace(new, target)  # rename() replaces an empty folder atomically
 
 
 def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",
@@ -207,18 +193,8 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     tag = check_checkpoint(ckpt_dir, tag, config)
     check_out_dir(out_dir, ckpt_dir, overwrite)
     shard_bytes = check_shard_size(max_shard_size)
-    created = [p for p in [*reversed(out_dir.parents), out_dir] if not p.exists()]
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with staged(out_dir) as tmp:
         write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name, config)
-        replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for p in reversed(created):  # folders we made for out_dir's parents: leave the tree as it was
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
-        raise
     return out_dir
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import verify_tag, verify_universal
+from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, latest_name
 from zckpt_nb.format.sizes import exact_ratio
 
@@ -47,14 +48,19 @@ class CheckpointInfo:
         return asdict(self)
 
 
-def shard_paths(tag_dir: Path) -> dict[int, dict[str, Path]]:
-    """Map rank -> {'model': path, 'optim': path} for the files in one tag folder."""
+def shard_paths(tag_dir: Path, names: list[str] | None = None) -> dict[int, dict[str, Path]]:
+    """Map rank -> {'model': path, 'optim': path} for the rank files `names` (default: every one in the folder);
+    CheckpointError where two files claim one rank's model or optimizer states."""
     found: dict[int, dict[str, Path]] = {}
-    for path in sorted(tag_dir.iterdir()):
-        m = RANK_FILE.search(path.name)
+    for name in sorted(p.name for p in tag_dir.iterdir()) if names is None else names:
+        m = RANK_FILE.search(name)
+        if m and m.group(2) in found.setdefault(int(m.group(1)), {}):
+            raise CheckpointError(f"{tag_dir} holds two {m.group(2)} files of rank {m.group(1)} "
+                                  f"({found[int(m.group(1))][m.group(2)].name}, {name}); remove the one that does not "
+                                  "belong to this checkpoint")
         if m:
-            found.setdefault(int(m.group(1)), {})[m.group(2)] = path
-    return found
+            found[int(m.group(1))][m.group(2)] = tag_dir / name
+    return {rank: kinds for rank, kinds in found.items() if kinds}
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -95,12 +101,14 @@ def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> Checkpoi
     tag = tag or latest_name(ckpt_dir)
     if tag is None or not (ckpt_dir / tag).is_dir():
         raise FileNotFoundError(f"no checkpoint {tag or '(latest)'} in {ckpt_dir}")
-    status = "not committed: it has no manifest, so its files are unverified; `python -m zckpt_nb adopt` commits it"
+    status, names = "not committed: it has no manifest, so its files are unverified; `python -m zckpt_nb adopt` " \
+        "commits it", None
     if (ckpt_dir / tag / MANIFEST).is_file():
-        adopted = verify_tag(ckpt_dir, tag).get("adopted")
+        manifest = verify_tag(ckpt_dir, tag)
+        adopted, names = manifest.get("adopted"), [e["path"] for e in manifest["files"]]
         status = f"adopted (written by DeepSpeed {adopted['deepspeed_version']})" if adopted else \
             "committed by zckpt_nb"
-    files = shard_paths(ckpt_dir / tag)
+    files = shard_paths(ckpt_dir / tag, names)
     if 0 not in files or "model" not in files[0]:
         raise FileNotFoundError(f"{ckpt_dir / tag} holds no model states of rank 0: not a ZeRO checkpoint")
     shapes = load(files[0]["model"], mmap=True)["param_shapes"]

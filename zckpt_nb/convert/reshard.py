@@ -8,9 +8,9 @@ commits its output the way `zckpt_nb.saving.commit` commits a save:
 
 - every source file first passes its SHA-256 and a weights-only unpickle (the converter loads with
   weights_only=False), and the converter runs in a child process, measured (seconds, bytes, peak RSS);
-- it writes under a temporary name; the manifest (every file's size and SHA-256, the source manifest's SHA-256)
-  is written last, then the folder is renamed into place. A crash mid-conversion leaves only the temporary
-  folder, which is never loaded and which the next conversion removes;
+- it writes into a folder of its own (a unique name); the manifest (every file's size and SHA-256, the source
+  manifest's SHA-256) is written last, then the folder is renamed into place. A crash mid-conversion leaves only
+  that folder, which is never loaded (a failed conversion removes it);
 - a later resume reuses a copy whose source manifest hash still matches, after checking its files.
 
 Layout: DIR/universal/<tag>/ holding zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt,
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any
 from zckpt_nb.convert.safeload import check_files, load
 from zckpt_nb.convert.verify import verify_tag, verify_universal
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.disk import atomic_write, fsync_dir
+from zckpt_nb.format.disk import atomic_write, fsync_dir, staged
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, universal_dir
 from zckpt_nb.format.manifest import FORMAT, elsewhere, read_manifest, sha256_file
 from zckpt_nb.format.units import counted
@@ -88,15 +87,14 @@ def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> dict[str, A
     ckpt_dir = Path(ckpt_dir)
     source = check_files(ckpt_dir, tag)
     final = universal_dir(ckpt_dir, tag)
-    tmp = final.with_name(f"{tag}.converting")
-    shutil.rmtree(tmp, ignore_errors=True)  # a conversion that crashed earlier
-    tmp.parent.mkdir(exist_ok=True)
-    cost = run_converter(ckpt_dir / tag, tmp, timeout)
-    (tmp.parent / "latest_universal").unlink(missing_ok=True)  # names the temporary folder; we always pass the tag
-    atomic_write(tmp / MANIFEST, universal_manifest(tmp, tag, source, manifest_hash(ckpt_dir, tag), cost))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
+    if final.parent.is_symlink():
+        raise CheckpointError(f"{final.parent} is a symbolic link; refusing to write the universal copy through it")
+    with staged(final) as tmp:
+        cost = run_converter(ckpt_dir / tag, tmp, timeout)
+        latest = tmp.parent / "latest_universal"  # DeepSpeed's converter names its output there; we pass the tag
+        if latest.is_file() and latest.read_text().strip() == tmp.name:
+            latest.unlink()
+        atomic_write(tmp / MANIFEST, universal_manifest(tmp, tag, source, manifest_hash(ckpt_dir, tag), cost))
     return read_manifest(final)
 
 

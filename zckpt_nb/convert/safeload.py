@@ -41,21 +41,23 @@ def allowed_globals() -> list[Any]:
     return [ZeroStageEnum, LossScaler, *numpy_rng]
 
 
-def load(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
-    """`torch.load(path, weights_only=True)` under `allowed_globals`; CheckpointError naming the file otherwise."""
+def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | None = None) -> Any:
+    """`torch.load(path, weights_only=True)` under `allowed_globals` (`path` a file's path, or a file object
+    called `name`); CheckpointError naming the file otherwise."""
     import torch
 
+    name = name or str(path)
     try:
         with torch.serialization.safe_globals(allowed_globals()):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         found = _GLOBAL.search(str(e)) or _REASON.search(str(e))
         what = found.group(1)[:160] if found else type(e).__name__
-        raise CheckpointError(f"{path} holds a type outside the allowlist of what DeepSpeed writes ({what}); "
+        raise CheckpointError(f"{name} holds a type outside the allowlist of what DeepSpeed writes ({what}); "
                               "refusing to unpickle it (it could run code): restore the file from a trusted copy "
                               "or save the checkpoint again") from None
     except (OSError, RuntimeError, EOFError) as e:  # truncated, not a zip, not a torch file
-        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {str(e).strip()[:200]}") from None
+        raise CheckpointError(f"cannot read {name}: {type(e).__name__}: {str(e).strip()[:200]}") from None
 
 
 def check_files(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def check_files(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
     Returns the manifest.
     """
     manifest = verify_tag(ckpt_dir, tag)
-    for entry in manifest["files"]:  # exactly the files just verified (verify_tag refuses any other rank file)
+    for entry in manifest["files"]:  # exactly the files just verified (verify_tag refuses any unlisted file)
         load(Path(ckpt_dir) / tag / entry["path"], mmap=True)
     return manifest
 

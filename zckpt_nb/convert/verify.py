@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.errors import CheckpointError
+from zckpt_nb.errors import CheckpointError, UsageError
 from zckpt_nb.format.layout import (
     ARCHITECTURE,
     MANIFEST,
@@ -75,17 +75,54 @@ def check_hashes(files: list[tuple[Path, str]], workers: int | None = None) -> N
 
 
 def check_ranks(tag_dir: Path, manifest: dict[str, Any]) -> None:
-    """Every rank 0..W-1 has its model and optimizer file listed, and no other rank's file lies there."""
+    """Every rank 0..W-1 has its model and optimizer file listed."""
     world = manifest["world_size"]
     listed = {(int(m.group(1)), m.group(2)) for e in manifest["files"] if (m := RANK_FILE.search(e["path"]))}
     for rank in range(world):
         for kind in ("model", "optim"):
             if (rank, kind) not in listed:
                 raise CheckpointError(f"{tag_dir}: the manifest lists no {kind} file for rank {rank} of {world}")
-    for path in sorted(tag_dir.iterdir()):
-        m = RANK_FILE.search(path.name)
-        if m and int(m.group(1)) >= world:
-            raise CheckpointError(f"{path} belongs to rank {m.group(1)}, but the checkpoint has {world} ranks")
+
+
+def unlisted(folder: Path, entries: list[dict[str, Any]]) -> list[Path]:
+    """What `folder` holds (below it too) that the manifest entries do not list: files, and links to folders."""
+    listed, extra = {MANIFEST, *(e["path"] for e in entries)}, []
+    for root, dirs, files in os.walk(folder):
+        here = Path(root).relative_to(folder)
+        extra += [here / name for name in files if str(here / name) not in listed]
+        extra += [here / name for name in dirs if (Path(root) / name).is_symlink()]
+    return sorted(extra)
+
+
+def check_listed(folder: Path, entries: list[dict[str, Any]], manifest: Path) -> None:
+    """`folder` holds nothing the manifest does not list.
+
+    DeepSpeed's readers take every checkpoint file they find (zero_to_fp32 globs the tag folder, ds_to_universal
+    walks it) and unpickle it with weights_only=False: a checkpoint is exactly its listed files.
+    """
+    extra = unlisted(folder, entries)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise CheckpointError(f"{folder / extra[0]}{more} is not listed in {manifest}, and DeepSpeed's readers load "
+                              f"every checkpoint file they find: refusing the checkpoint; move what the manifest "
+                              f"does not list out of {folder}")
+
+
+def check_output(out: Path, kind: str | None = None) -> None:
+    """UsageError unless `out` is a new or empty folder, or (with `kind`) an earlier output of that kind holding
+    only the files its manifest lists: nothing else is ever replaced."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"{out} is a {'symbolic link' if out.is_symlink() else 'file'}; name a new or empty folder")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    own = kind is not None and read_kind(out) == kind
+    extra = unlisted(out, read_manifest(out)["files"]) if own else sorted(p.relative_to(out) for p in out.iterdir())
+    if extra:
+        found = ", ".join(map(str, extra[:3])) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        if kind is None:
+            raise UsageError(f"{out} is not empty (it holds {found}); name a new or empty folder")
+        raise UsageError(f"{out} holds {found}, which zckpt_nb did not write; it replaces only its own earlier {kind} "
+                         "output: name a new or empty folder, or move those files out")
 
 
 def check_fit(manifest: dict[str, Any], tag_dir: Path, world_size: int | None,
@@ -124,6 +161,7 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
     shared = manifest.get("shared", [])  # absent in manifests written before the shared files were listed
     check_paths(tag_dir, manifest["files"], tag_dir / MANIFEST)
     check_paths(tag_dir.parent, shared, tag_dir / MANIFEST)
+    check_listed(tag_dir, manifest["files"], tag_dir / MANIFEST)
     check_ranks(tag_dir, manifest)
     here = [e for e in manifest["files"] if e not in elsewhere(manifest)]  # node-local: other nodes hold the rest
     entries = [(tag_dir, e) for e in here] + [(tag_dir.parent, e) for e in shared]
@@ -140,6 +178,7 @@ def verify_universal(folder: str | Path, kind: str = "universal") -> dict[str, A
     if manifest.get("kind") != kind:
         raise CheckpointError(f"{folder / MANIFEST} is not the manifest of a {kind} checkpoint")
     check_paths(folder, manifest["files"], folder / MANIFEST, nested=True)
+    check_listed(folder, manifest["files"], folder / MANIFEST)
     paths = [check_file(folder, entry) for entry in manifest["files"]]
     check_hashes([(path, entry["sha256"]) for path, entry in zip(paths, manifest["files"])])
     return manifest

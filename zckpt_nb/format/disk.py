@@ -6,7 +6,9 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,46 @@ def check_writable(output_dir: Path) -> None:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"output dir {output_dir} cannot be written ({probe} is read-only or not yours); "
                          "choose another --output_dir")
+
+
+def umask() -> int:
+    """This process's umask (reading it means setting it: it is put straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Move the finished folder `new` to `target`, replacing what was there only once `new` is complete."""
+    if target.is_dir() and any(target.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(new, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(new, target)  # rename() replaces an empty folder atomically
+    fsync_dir(target.parent)
+
+
+@contextmanager
+def staged(target: Path) -> Iterator[Path]:
+    """A folder of this command's own (a unique name beside `target`) to build `target` in: moved into place when the
+    block succeeds (replacing `target`, which the caller checked it may), removed with any parent it made otherwise.
+
+    Refuses a `target` that is a symlink: nothing is written or deleted through one.
+    """
+    if target.is_symlink():
+        raise UsageError(f"{target} is a symbolic link; name a real folder for the output")
+    made = [p for p in [*reversed(target.parents)] if not p.exists()]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    tmp.chmod(0o777 & ~umask())  # mkdtemp makes it private (0700); the output gets the modes of any new folder
+    try:
+        yield tmp
+        replace_folder(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for path in reversed(made):  # folders made for target's parents: the tree is left as it was
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        raise

@@ -144,6 +144,6 @@ def wait(engine: Any) -> list[SaveOutcome]:
 def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
     """Every rank: load the newest committed checkpoint (or `tag`) into `engine`, after every rank verified its own
     files against the manifest and every file was unpickled weights-only; returns the saved client state."""
-    tag = tag or agreed_resume_tag(output_dir, None)[0]
+    tag = agreed_resume_tag(output_dir, None, tag)[0]  # an explicit tag is verified too
     return load_verified(engine, output_dir, tag)
 

@@ -140,9 +140,12 @@ def prepare_folder(save_dir: str | Path, tag: str, write_shared: Callable[[str],
     if tag in committed_tags(save_dir):
         raise FileExistsError(errno.EEXIST, f"checkpoint {tag} is already committed; refusing to overwrite it",
                               str(save_dir / tag))
+    if (save_dir / tag).is_symlink():  # emptying it would delete files outside the output folder
+        raise FileExistsError(errno.EEXIST, "the tag folder is a symbolic link; refusing to save through it",
+                              str(save_dir / tag))
     if (save_dir / tag).is_dir():  # debris of a crashed save of the same tag
         for path in (save_dir / tag).iterdir():
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     if write_shared and not all((save_dir / name).is_file() for name in shared):
         write_once(save_dir, write_shared)
 

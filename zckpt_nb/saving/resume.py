@@ -28,21 +28,22 @@ def saved_world_size(ckpt_dir: str | Path) -> int | None:
         return None
 
 
-def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any]) -> tuple[str, str | None]:
-    """The newest committed tag, verified before loading: each rank hashes its own files, all ranks agree.
-
-    Returns (tag, note) where note says what was skipped; raises CheckpointError on every rank otherwise.
+def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any] | None,
+                      tag: str | None = None) -> tuple[str, str | None]:
+    """`tag` (default: the newest committed one), verified before loading: each rank hashes its own files, all ranks
+    agree. Returns (tag, note) where note says what was skipped; raises CheckpointError on every rank otherwise.
     """
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    tag, note, error = None, None, None
+    note, error = None, None
     everywhere = set.intersection(*(set(t) for t in gather(committed_tags(ckpt_dir))))  # node-local folders
     try:
-        tag, note = tag_to_resume(ckpt_dir, everywhere)
+        if tag is None:
+            tag, note = tag_to_resume(ckpt_dir, everywhere)
         verify_tag(ckpt_dir, tag, world_size=world, identity=identity, ranks=[rank])
-    except CheckpointError as e:
-        error = str(e)
+    except (CheckpointError, OSError) as e:  # a rank's own failure, agreed by every rank below
+        error = f"rank {rank}: {e}"
     errors = [e for e in gather(error) if e]
     if errors:
         raise CheckpointError(errors[0])
@@ -55,7 +56,7 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
 
     Same world size: the checkpoint itself (each rank verifies its own files). Another world size: rank 0
     converts once (or reuses a copy), every other rank waits for its verdict; CheckpointError on every rank.
-    `convert=False` is notebook 07's trap: the newest checkpoint goes to DeepSpeed's own loader as it is.
+    `convert=False` hands the newest checkpoint to DeepSpeed's own loader as it is (a lesson's trap).
     """
     import torch.distributed as dist
 
