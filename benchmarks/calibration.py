@@ -17,7 +17,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.compare import ROUTE_ORDER as MODE_KEYS
+from zckpt_nb.format.records import Route
 from zckpt_nb.format.units import counted
 from zckpt_nb.plan.costs import Prediction, predict
 from zckpt_nb.plan.planning import GB, READ_RANK_FILES, Bandwidths, time_terms, work
@@ -73,7 +73,7 @@ def features(record: dict[str, Any], pred: Prediction | None = None) -> dict[str
     """
     pred = pred or predict(record["model"], record["world_size"], record["dtype"], record["persistence_threshold"])
     mode, q, share = record["mode"], work(pred, record["mode"]), cpu_share(record)
-    mine = {m: share * (m == mode) for m in MODE_KEYS}
+    mine = {m: share * (m == mode) for m in Route}
     return {**{f"fixed {m}": v for m, v in mine.items()},
             **{f"bytes {m}": v * (q["write"] + q["read"]) for m, v in mine.items()},
             **{f"files {m}": q["files"] * (m == mode) for m in READ_RANK_FILES},
@@ -142,8 +142,8 @@ def machine_constants(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not enough(mine):
             continue
         c = fit(mine)
-        named = [*((f"{m}: fixed time per save", seconds(c[f"fixed {m}"], "ms")) for m in MODE_KEYS),
-                 *((f"{m}: bandwidth, bytes written and read", rate(c[f"bytes {m}"])) for m in MODE_KEYS),
+        named = [*((f"{m}: fixed time per save", seconds(c[f"fixed {m}"], "ms")) for m in Route),
+                 *((f"{m}: bandwidth, bytes written and read", rate(c[f"bytes {m}"])) for m in Route),
                  *((f"{m}: time per rank file read", seconds(c[f"files {m}"], "ms")) for m in READ_RANK_FILES),
                  ("network: bandwidth, bytes received", rate(c["net"])),
                  ("time of one ring step", seconds(c["steps"], "ms"))]

@@ -19,7 +19,8 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from zckpt_nb.compare import ROUTE_ORDER, compare
+from zckpt_nb.compare import compare
+from zckpt_nb.format.records import Route
 
 PLAN = {"tiny": [1, 2, 3, 4], "small": [1, 2, 3], "medium": [1, 2, 3]}
 
@@ -47,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     renamed = {"route": "mode", "peak_rss_bytes": "peak_memory_bytes"}  # the shipped records' keys
     runs = [[{renamed.get(k, k): v for k, v in asdict(r).items()}
-             for r in compare(sizes, model, list(ROUTE_ORDER), Path(args.output_dir, f"r{i}", f"compare_{model}"),
+             for r in compare(sizes, model, list(Route), Path(args.output_dir, f"r{i}", f"compare_{model}"),
                               progress=False, verbose=False)]
             for i in range(1, args.repeats + 1) for model, sizes in PLAN.items()]
     records = median_records(runs, args.machine)

@@ -17,7 +17,7 @@ from typing import Any
 
 from calibration import calibration, cpu_share, fit, measured_records, predicted
 
-from zckpt_nb.compare import ROUTE_ORDER as MODE_KEYS
+from zckpt_nb.format.records import Route
 from zckpt_nb.plan.costs import predict
 from zckpt_nb.plan.planning import Bandwidths, collective_calls
 
@@ -34,7 +34,7 @@ def per_mode(row: dict[str, Any], record: dict[str, Any]) -> dict[str, float]:
     """The shipped terms with the network and ring-step constants of each save mode apart."""
     shared = {k: v for k, v in row["features"].items() if k not in ("net", "steps")}
     return shared | {f"{k} {m}": row["features"][k] * (m == row["mode"]) for k in ("net", "steps")
-                     for m in MODE_KEYS}
+                     for m in Route}
 
 
 VARIANTS = {"shipped terms": lambda row, record: row["features"], "+ per call": per_call, "per-mode network": per_mode}

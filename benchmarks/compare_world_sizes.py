@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 
-from zckpt_nb.compare import ROUTE_ORDER, compare
+from zckpt_nb.compare import compare
+from zckpt_nb.format.records import Route
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--routes", nargs="+", default=list(ROUTE_ORDER))
+    parser.add_argument("--routes", nargs="+", default=list(Route))
     parser.add_argument("--output_dir", default="build/bench/compare")
     parser.add_argument("--fresh", action="store_true", help="measure again instead of reusing compare.json")
     parser.add_argument("--persistence_threshold", type=int, default=0)

@@ -30,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.format.records import SaveMode
 from zckpt_nb.lessons import stall
 from zckpt_nb.run.launch import RunResult
 
@@ -137,7 +138,7 @@ def slowest(records: list[dict[str, Any]], mode: str, key: str) -> list[float]:
 def measure(model: str, nproc: int, out: Path, steps: int, save_every: int, dcp_repeats: int) -> dict[str, Any]:
     """The save modes, then the two write limits and the DCP anchors on the same filesystem; every figure and
     ratio."""
-    runs_here = [m for m in stall.SAVE_MODES if m not in stall.NEEDS_ACCELERATOR]
+    runs_here = [m for m in SaveMode if m not in stall.NEEDS_ACCELERATOR]
     records, tried = stall.measure_all(model, nproc, runs_here, list(stall.NEEDS_ACCELERATOR), out, steps=steps,
                                        save_every=save_every)
     sizes = rank_bytes(out / "stall_commit")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from calibration import MEASURED
 
-from zckpt_nb.compare import ROUTE_ORDER, compare
+from zckpt_nb.compare import compare
+from zckpt_nb.format.records import Route
 from zckpt_nb.measure.meters import flush_writes
 
 BALLOON_DEVICE_ID = "0x0005"  # virtio device id of the memory balloon
@@ -63,7 +64,7 @@ def remeasure(model: str, sizes: list[int], repeats: int, out_dir: Path) -> dict
     """Rank 0's seconds per (mode, N) over `repeats` fresh `compare` runs of every mode."""
     seconds: dict[tuple, list[float]] = {}
     for _ in range(repeats):
-        for r in compare(sizes, model, list(ROUTE_ORDER), out_dir, reuse=False, progress=False, verbose=False):
+        for r in compare(sizes, model, list(Route), out_dir, reuse=False, progress=False, verbose=False):
             if r.rank == 0:
                 seconds.setdefault((r.route, r.world_size), []).append(r.seconds)
     return seconds

@@ -175,7 +175,7 @@ def test_hung_rank_is_reported_within_the_collective_timeout(tmp_path, monkeypat
 
 def test_seed_rank0_only_save_is_reported_not_an_endless_hang(tmp_path):
     out = tmp_path / "run"
-    text = failed_launch(out, save_mode="rank0_only", collective_timeout=10)
+    text = failed_launch(out, worker="zckpt_nb.examples.rank0_only", collective_timeout=10)
     assert "was called on rank 0 only" in text and "every rank must call save_checkpoint" in text
     assert committed_tags(out) == [] and latest_name(out) is None
 

@@ -8,7 +8,8 @@ import time
 import pytest
 from conftest import procs_mentioning
 
-from zckpt_nb.lessons.compare import MODES, RESULTS, compare
+from zckpt_nb.format.records import Route
+from zckpt_nb.lessons.compare import RESULTS, compare
 from zckpt_nb.plan.costs import predict
 from zckpt_nb.ui.widgets import CompareWidget
 
@@ -16,13 +17,13 @@ from zckpt_nb.ui.widgets import CompareWidget
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    return out, compare([2], "tiny", list(MODES), out)
+    return out, compare([2], "tiny", list(Route), out)
 
 
 def test_every_mode_has_a_record_per_rank(compared):
     _, records = compared
     saved = json.loads((compared[0] / RESULTS).read_text())
-    assert {(r["mode"], r["rank"]) for r in saved} == {(m, 0) for m in MODES} | {
+    assert {(r["mode"], r["rank"]) for r in saved} == {(m, 0) for m in Route} | {
         ("partitioned", 1), ("gathered16", 1), ("per_param", 1)}
     for r in records:
         for key in ("mode", "world_size", "rank", "predicted_bytes", "measured_bytes", "peak_memory_bytes",
@@ -52,7 +53,7 @@ def test_widget_runs_only_what_is_missing_and_redraws(compared):
     out, first = compared
     panel = CompareWidget(out, default_sizes=(2,))
     panel.sizes.value = (1, 2)
-    panel.modes.value = tuple(MODES)
+    panel.modes.value = tuple(Route)
     assert panel.pending() == [1]
     panel.button.click()  # runs in a background thread: the kernel stays free while ranks train
     panel.wait(timeout=600)
@@ -64,7 +65,7 @@ def test_widget_runs_only_what_is_missing_and_redraws(compared):
     assert panel.pending() == []
     assert len(panel.figure.axes) == 4
     assert len(panel.summary) == len(panel.records) == 2 * len(first) - 3  # N=1 has one rank per in-training mode
-    assert {(row["mode"], row["N"]) for row in panel.agreement} == {(m, n) for m in MODES for n in (1, 2)}
+    assert {(row["mode"], row["N"]) for row in panel.agreement} == {(m, n) for m in Route for n in (1, 2)}
     for row in panel.agreement:
         assert row["worst payload error (%)"] <= 1.0
         assert row["collective bytes: predicted = logged"] or (row["mode"], row["N"]) == ("gathered16", 1)

@@ -1,10 +1,10 @@
 """The two README commands, the pins and the conda environment agree with pyproject.toml."""
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 pytestmark = pytest.mark.fast  # make test-fast
 

@@ -21,12 +21,12 @@ def extended(request, full_run, tmp_path_factory):
 
 
 def test_every_step_trains_at_the_lr_deepspeeds_scheduler_gives(full_run, extended):
-    new = extended.data["schedule"]["new_schedule"]
+    plan = extended.schedule
+    new = plan.new_schedule
     assert [round(x, 12) for x in full_run.data["lrs"]] == \
         [round(schedule.lr_at("tiny", s, STEPS), 12) for s in full_run.steps]
     horizon = LONGER if new else STEPS
-    assert extended.data["schedule"] == {**extended.data["schedule"], "checkpoint_horizon": STEPS,
-                                         "horizon": horizon, "resume_step": STEPS}
+    assert (plan.checkpoint_horizon, plan.horizon, plan.resume_step) == (STEPS, horizon, STEPS)
     first, *rest = zip(extended.steps, extended.data["lrs"])
     assert first[1] == pytest.approx(schedule.lr_at("tiny", STEPS, STEPS))  # restored with the optimizer
     assert all(lr == pytest.approx(schedule.lr_at("tiny", s, horizon), abs=1e-12) for s, lr in rest)
@@ -34,12 +34,12 @@ def test_every_step_trains_at_the_lr_deepspeeds_scheduler_gives(full_run, extend
 
 
 def test_the_change_is_said_in_one_line(extended):
-    line = schedule.describe_schedule(extended.data["schedule"], LONGER)
+    line = schedule.describe_schedule(extended.schedule, LONGER)
     assert line and any(line in text for text in extended.log)
-    assert ("--new_schedule:" in line) == extended.data["schedule"]["new_schedule"]
+    assert ("--new_schedule:" in line) == extended.schedule.new_schedule
 
 
 def test_a_resume_with_the_same_steps_says_nothing(resumed_run):
-    assert resumed_run.data["schedule"]["checkpoint_horizon"] == STEPS
-    assert schedule.describe_schedule(resumed_run.data["schedule"], STEPS) is None
+    assert resumed_run.schedule.checkpoint_horizon == STEPS
+    assert schedule.describe_schedule(resumed_run.schedule, STEPS) is None
     assert not any("LR schedule" in text or "--new_schedule" in text for text in resumed_run.log)

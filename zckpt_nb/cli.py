@@ -351,13 +351,13 @@ def add_export_commands(sub: Any) -> None:
 
 
 def add_lesson_commands(sub: Any) -> None:
-    from zckpt_nb.compare import ROUTE_ORDER
+    from zckpt_nb.format.records import Route
     from zckpt_nb.model import PRESETS
 
     cmp = sub.add_parser("compare", help="measure each save route across world sizes against the cost model")
     cmp.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     cmp.add_argument("--model", default="tiny", choices=sorted(PRESETS))
-    cmp.add_argument("--routes", nargs="+", default=list(ROUTE_ORDER), choices=ROUTE_ORDER)
+    cmp.add_argument("--routes", nargs="+", default=list(Route), choices=list(Route))
     cmp.add_argument("--output_dir", required=True)
     cmp.add_argument("--steps", type=int, default=5, help="training steps before the saves")
     cmp.add_argument("--timeout", type=float, default=1800, help="per world size; kills every rank when passed")

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import LaunchStopped, UsageError
+from zckpt_nb.format.records import Route
 
 RESULTS = "compare.json"
-ROUTE_ORDER = ("partitioned", "gathered16", "per_param", "offline", "hf")
 IN_TRAINING = {"gathered16": "save_16bit", "per_param": "save_gathered"}  # the routes the worker runs, its options
 
 
@@ -157,7 +157,7 @@ def select(records: Iterable[Measured], model: str, sizes: Iterable[int], routes
     sizes, routes = set(sizes), set(routes)
     keep = [r for r in records if r.model == model and r.world_size in sizes and r.route in routes
             and r.persistence_threshold == threshold]
-    return sorted(keep, key=lambda r: (ROUTE_ORDER.index(r.route), r.world_size, r.rank))
+    return sorted(keep, key=lambda r: (list(Route).index(r.route), r.world_size, r.rank))
 
 
 def missing(records: list[Measured], model: str, sizes: Iterable[int], routes: list[str], threshold: int = 0
@@ -172,9 +172,9 @@ def check_request(sizes: list[int], model: str, routes: list[str]) -> None:
     from zckpt_nb.model import get_preset
     from zckpt_nb.run.launch import gpu_count
 
-    unknown = [r for r in routes if r not in ROUTE_ORDER]
+    unknown = [r for r in routes if r not in list(Route)]
     if unknown or not routes:
-        raise UsageError(f"unknown or no save routes {unknown}; choose from {', '.join(ROUTE_ORDER)}")
+        raise UsageError(f"unknown or no save routes {unknown}; choose from {', '.join(Route)}")
     gpus = gpu_count()
     if not sizes or min(sizes) < 1 or (gpus and max(sizes) > gpus):
         raise UsageError(f"--nproc values must be >= 1{f' and <= {gpus} GPUs' if gpus else ''} (got {sizes})")

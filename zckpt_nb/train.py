@@ -8,7 +8,6 @@ Run by hand with: torchrun --nproc_per_node 2 -m zckpt_nb.train --steps 50 --out
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -34,8 +33,8 @@ from zckpt_nb.errors import (
     is_peer_failure,
 )
 from zckpt_nb.format.client_state import CLIENT_KEY, client_state
-from zckpt_nb.format.disk import atomic_write
 from zckpt_nb.format.layout import latest_name, rank_files, tag_for, tag_step, writes_folder
+from zckpt_nb.format.records import RankRecord, Route, RunRecord, SaveCost, SaveMode, Schedule
 from zckpt_nb.measure.meters import files_under, flush_writes, measure, peak_memory
 from zckpt_nb.model import (
     Preset,
@@ -52,7 +51,8 @@ from zckpt_nb.model import (
 from zckpt_nb.run import lifeline
 from zckpt_nb.run.options import TrainOptions
 from zckpt_nb.saving import engines, schedule
-from zckpt_nb.saving.api import DURABLE_MODES, Checkpointer
+from zckpt_nb.saving.api import Checkpointer
+from zckpt_nb.saving.collective import gather
 from zckpt_nb.saving.log import SaveLog, ending_problem
 from zckpt_nb.saving.nodes import check_layout, drop_partial
 from zckpt_nb.saving.resume import load_verified, resume_source
@@ -66,7 +66,7 @@ class ResumeSource:
     tag: str
     load_dir: Path
     universal: dict[str, Any] | None  # the universal copy's manifest, when the world size changed
-    plan: dict[str, Any]  # the LR schedule across the resume (saving.schedule)
+    plan: Schedule  # the LR schedule across the resume (saving.schedule)
 
 
 @dataclass
@@ -199,15 +199,6 @@ def train_step(engine: Any, batch: Any, share: range, world: int, device: str) -
     return sum_over_ranks(total, device) / len(batch)
 
 
-def gather_rank_records(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Collect one small dict from every rank onto every rank (for run.json)."""
-    import torch.distributed as dist
-
-    records: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(records, record)
-    return records
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the worker; a checkpoint that cannot be used or a lost collective ends it with one line, exit 1."""
     lifeline.arm()  # no rank outlives torchrun or the launching process, however they were killed
@@ -261,7 +252,7 @@ def set_up(opts: TrainOptions) -> Worker:
     source = find_resume_source(opts, identity, rank) if opts.resume else None
     bf16 = opts.dtype == "bf16" or (opts.dtype == "auto" and device.startswith("cuda"))
     worker = Worker(opts, rank, world, backend, device, preset, identity,
-                    horizon=source.plan["horizon"] if source else opts.steps, bf16=bf16, source=source,
+                    horizon=source.plan.horizon if source else opts.steps, bf16=bf16, source=source,
                     wall_start=wall_start, determinism=determinism)
     # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
     worker.tokenizer = data.load_or_train_tokenizer(opts.output_dir if opts.resume else "", preset.vocab_size)
@@ -365,13 +356,13 @@ def save_now(worker: Worker, checkpointer: Checkpointer, log: SaveLog, step: int
     log.settle(checkpointer.finish())  # at most one save in flight: this wait is stall too
     state = client_state(step, opts.seed, opts.global_batch, worker.engine.dp_world_size, worker.horizon)
     root = Path(opts.output_dir)
-    cost = measure("partitioned", lambda: outcome.append(checkpointer.save(step, state)),
+    cost = measure(Route.PARTITIONED, lambda: outcome.append(checkpointer.save(step, state)),
                    written=lambda: [root / f["path"] for f in rank_files(root, tag_for(step), worker.rank)],
                    rank=worker.rank, device=worker.device)
-    log.add(outcome[0], start, durable=opts.save_mode in DURABLE_MODES, cost=cost.to_dict())
+    log.add(outcome[0], start, durable=SaveMode(opts.save_mode).durable, cost=cost)
 
 
-def consolidated_saves(worker: Worker) -> list[dict[str, Any]]:
+def consolidated_saves(worker: Worker) -> list[SaveCost]:
     """Routes 1 and 2 (`--save_16bit`, `--save_gathered`) on every rank, each into its own folder; their costs.
 
     With the comms logger on, rank 0 also prints DeepSpeed's own `log_summary` table for these routes alone
@@ -381,18 +372,19 @@ def consolidated_saves(worker: Worker) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     opts, rank = worker.opts, worker.rank
-    modes = [mode for mode, asked in (("gathered16", opts.save_16bit), ("per_param", opts.save_gathered)) if asked]
-    summarise = bool(modes) and ds_comm.comms_logger.enabled
+    routes = [route for route, asked in ((Route.GATHERED16, opts.save_16bit), (Route.PER_PARAM, opts.save_gathered))
+              if asked]
+    summarise = bool(routes) and ds_comm.comms_logger.enabled
     if summarise:
         ds_comm.reset_log()  # the summary below then covers the consolidated saves only
     costs = []
-    for mode in modes:
-        folder = Path(opts.output_dir) / mode
+    for route in routes:
+        folder = Path(opts.output_dir) / route
         flush_writes()
         dist.barrier()  # every rank's flush is done before any clock starts (not in the comms log)
-        cost = measure(mode, partial(Checkpointer(worker.engine, folder, mode=mode).save, opts.steps), rank=rank,
-                       device=worker.device, written=lambda folder=folder: files_under(folder) if rank == 0 else [])
-        costs.append(cost.to_dict())
+        costs.append(measure(route, partial(Checkpointer(worker.engine, folder, mode=route).save, opts.steps),
+                             rank=rank, device=worker.device,
+                             written=lambda folder=folder: files_under(folder) if rank == 0 else []))
     if summarise:
         ds_comm.log_summary()
     return costs
@@ -404,19 +396,17 @@ def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> 
 
     opts, rank = worker.opts, worker.rank
     placeholders = state_dict_placeholders(worker.engine.module)  # right after training, before any route gathers
-    save_costs = list(log.costs.values()) + consolidated_saves(worker)
+    costs = [c for mine in gather(list(log.costs.values()) + consolidated_saves(worker)) for c in mine]
     if opts.save_reference:
         fixed = data.global_batch_for_step(worker.tokens, step=opts.steps, seed=opts.seed, global_batch=2,
                                            seq_len=worker.preset.seq_len)
         save_reference(worker.engine, fixed.to(worker.device), opts.output_dir, rank)
     tag = latest_name(opts.output_dir) if len(log.saves) > len(log.failed) else None
-    records = gather_rank_records({
-        "rank": rank, **peak_memory(worker.device), "save_seconds": log.save_seconds,
-        "saves": log.saves, "step_starts": log.step_starts, "loop_seconds": log.loop_seconds,
-        "files": rank_files(opts.output_dir, tag, rank, committed=True) if tag else [], "held": worker.held,
-        "state_dict": placeholders, "save_costs": save_costs,
-    })
-    costs = [c for r in records for c in r.pop("save_costs")]  # one list over ranks: run.json's save_costs
+    records = gather(RankRecord(
+        rank, **peak_memory(worker.device), save_seconds=log.save_seconds, saves=log.saves,
+        step_starts=log.step_starts, loop_seconds=log.loop_seconds,
+        files=rank_files(opts.output_dir, tag, rank, committed=True) if tag else [], held=worker.held,
+        state_dict=placeholders))
     run_json_error = None
     if writes_folder(opts.node_local_storage):  # rank 0, or each node's local rank 0 with node-local storage
         run_json_error = write_run_json(worker, run_record(worker, log, history, start_step, tag, records, costs))
@@ -428,31 +418,29 @@ def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> 
 
 
 def run_record(worker: Worker, log: SaveLog, history: History, start_step: int, tag: str | None,
-               records: list[dict[str, Any]], costs: list[dict[str, Any]]) -> dict[str, Any]:
+               records: list[RankRecord], costs: list[SaveCost]) -> RunRecord:
     """What run.json holds: the run's set-up, every step's loss and LR, every save, every rank's record."""
     opts, source = worker.opts, worker.source
-    return {
-        "world_size": worker.world, "backend": worker.backend, "device": worker.device, "model": opts.model,
-        "dtype": "bf16" if worker.bf16 else "fp32", "seed": opts.seed, "deterministic": worker.determinism,
-        "num_params": count_params(worker.engine.module), "vocab_size": worker.preset.vocab_size,
-        "tokenizer_vocab_size": len(worker.tokenizer), "resumed_from_step": start_step if source else None,
-        "latest_tag": tag, "global_batch": opts.global_batch,
-        "gradient_accumulation_steps": worker.config["gradient_accumulation_steps"],
-        "resharded": source.universal if source else None,
-        "schedule": source.plan if source else {"horizon": worker.horizon},
-        "save_mode": opts.save_mode, "failed_saves": log.failed, "rotation_errors": log.rotation_errors,
-        "init": opts.init, "persistence_threshold": opts.persistence_threshold, "ds_config": worker.config,
-        "steps": history.steps, "losses": history.losses, "lrs": history.lrs,
-        "wall_seconds": time.perf_counter() - worker.wall_start, "save_costs": costs, "ranks": records,
-    }
+    return RunRecord(
+        world_size=worker.world, backend=worker.backend, device=worker.device, model=opts.model,
+        num_params=count_params(worker.engine.module), vocab_size=worker.preset.vocab_size, steps=history.steps,
+        losses=history.losses, ranks=records, lrs=history.lrs, dtype="bf16" if worker.bf16 else "fp32",
+        seed=opts.seed, deterministic=worker.determinism, global_batch=opts.global_batch,
+        gradient_accumulation_steps=worker.config["gradient_accumulation_steps"],
+        tokenizer_vocab_size=len(worker.tokenizer), init=opts.init, persistence_threshold=opts.persistence_threshold,
+        save_mode=opts.save_mode, resumed_from_step=start_step if source else None,
+        resharded=source.universal if source else None,
+        schedule=source.plan if source else Schedule(worker.horizon), latest_tag=tag, failed_saves=log.failed,
+        rotation_errors=log.rotation_errors, save_costs=costs, ds_config=worker.config,
+        wall_seconds=time.perf_counter() - worker.wall_start)
 
 
-def write_run_json(worker: Worker, run: dict[str, Any]) -> str | None:
-    """Write run.json atomically (never half a file); one line saying why when the disk refuses it."""
+def write_run_json(worker: Worker, run: RunRecord) -> str | None:
+    """Write run.json (atomically: never half a file); one line saying why when the disk refuses it."""
     out = Path(worker.opts.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "run.json", json.dumps(run, indent=1))
+        run.write(out)
     except OSError as e:  # the disk stayed full or read-only: reported in one line, not a traceback
         with suppress(OSError):
             (out / "run.json.tmp").unlink(missing_ok=True)

@@ -29,6 +29,7 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, committed_tags, tag_for, tag_step
 from zckpt_nb.format.manifest import FORMAT
+from zckpt_nb.format.records import RankRecord, RunRecord, Schedule
 from zckpt_nb.format.units import counted
 from zckpt_nb.model import accumulation_steps, ds_config, get_preset, gpt2_config
 from zckpt_nb.run import lifeline
@@ -175,15 +176,15 @@ def loop(worker: FsdpWorker) -> None:
             save(worker, done)
 
 
-def run_record(worker: FsdpWorker, resumed: int | None, seconds: float) -> dict[str, Any]:
-    """run.json, with the keys the launcher's RunResult reads and the ZeRO-3 worker's names for the rest."""
-    params = sum(p.numel() for p in worker.model.parameters())
-    return {"worker": "fsdp2", "world_size": worker.world, "backend": "gloo", "device": "cpu",
-            "model": worker.opts.model, "dtype": worker.dtype, "seed": worker.opts.seed, "num_params": params,
-            "vocab_size": get_preset(worker.opts.model).vocab_size, "resumed_from_step": resumed,
-            "global_batch": worker.opts.global_batch, "schedule": {"horizon": worker.horizon},
-            "steps": worker.history.steps, "losses": worker.history.losses, "lrs": worker.history.lrs,
-            "wall_seconds": seconds, "ranks": [{"rank": r} for r in range(worker.world)]}
+def run_record(worker: FsdpWorker, resumed: int | None, seconds: float) -> RunRecord:
+    """run.json: the ZeRO-3 worker's record, with what this worker knows."""
+    opts, history = worker.opts, worker.history
+    return RunRecord(world_size=worker.world, backend="gloo", device="cpu", model=opts.model,
+                     num_params=sum(p.numel() for p in worker.model.parameters()),
+                     vocab_size=get_preset(opts.model).vocab_size, steps=history.steps, losses=history.losses,
+                     ranks=[RankRecord(rank) for rank in range(worker.world)], worker="fsdp2", lrs=history.lrs,
+                     dtype=worker.dtype, seed=opts.seed, global_batch=opts.global_batch, resumed_from_step=resumed,
+                     schedule=Schedule(worker.horizon), wall_seconds=seconds)
 
 
 def train(opts: TrainOptions) -> None:
@@ -211,8 +212,7 @@ def train(opts: TrainOptions) -> None:
     resumed = worker.start if folder else None
     loop(worker)
     if rank == 0:
-        atomic_write(Path(opts.output_dir) / "run.json",
-                     json.dumps(run_record(worker, resumed, time.perf_counter() - start), indent=1))
+        run_record(worker, resumed, time.perf_counter() - start).write(opts.output_dir)
     dist.barrier()
     dist.destroy_process_group()
 

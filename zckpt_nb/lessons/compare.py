@@ -22,6 +22,7 @@ from zckpt_nb.convert.export import measure_export
 from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
 from zckpt_nb.errors import LaunchStopped, UsageError
+from zckpt_nb.format.records import Route
 from zckpt_nb.measure.meters import flush_writes
 from zckpt_nb.model import get_preset
 from zckpt_nb.plan.costs import Prediction, file_bytes, predict
@@ -189,14 +190,14 @@ def select(records: list[dict[str, Any]], model: str, nprocs: Iterable[int], mod
     """The records for this model, these world sizes and modes and this threshold, in mode order."""
     keep = [r for r in records if r["model"] == model and r["world_size"] in set(nprocs) and r["mode"] in modes
             and r.get("persistence_threshold", 0) == threshold]
-    return sorted(keep, key=lambda r: (MODES.index(r["mode"]), r["world_size"], r["rank"]))
+    return sorted(keep, key=lambda r: (list(Route).index(r["mode"]), r["world_size"], r["rank"]))
 
 
 def check_request(nprocs: list[int], model: str, modes: list[str]) -> None:
     """Reject bad input with one line before anything runs."""
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if m not in list(Route)]
     if unknown or not modes:
-        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(MODES)}")
+        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(Route)}")
     gpus = gpu_count()
     if not nprocs or min(nprocs) < 1 or (gpus and max(nprocs) > gpus):
         raise UsageError(f"--nproc values must be >= 1{f' and <= {gpus} GPUs' if gpus else ''} (got {nprocs})")
@@ -239,7 +240,7 @@ def compare(nprocs: list[int], model: str, modes: list[str], output_dir: str | P
 def agreement(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (mode, N): worst payload error against the prediction and whether logged collective bytes matched."""
     rows = []
-    for key in sorted({(r["mode"], r["world_size"]) for r in records}, key=lambda k: (MODES.index(k[0]), k[1])):
+    for key in sorted({(r["mode"], r["world_size"]) for r in records}, key=lambda k: (list(Route).index(k[0]), k[1])):
         group = [r for r in records if (r["mode"], r["world_size"]) == key]
         errors = [abs(r["measured_payload_bytes"] / r["predicted_bytes"] - 1) for r in group if r["predicted_bytes"]]
         comm = [(r["predicted_comm_bytes"], r["logged_comm_bytes"]) for r in group]
@@ -340,4 +341,3 @@ def explain_differences(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-MODES = ("partitioned", "gathered16", "per_param", "offline", "hf")

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.format.layout import REFERENCE, WEIGHTS
+from zckpt_nb.format.records import Route
 from zckpt_nb.format.units import counted
-from zckpt_nb.lessons.compare import MODES
 
 FP32_BYTES = 4  # the offline route and the export write fp32 masters
 WORKING_ROUTES = ("gathered16", "per_param")  # routes 1-2: the weights the engine computes with, in the run's dtype
@@ -108,7 +108,7 @@ def cost_summary(costs: list[dict[str, Any]], num_params: int, param_bytes: int 
     `param_bytes` (the run's working dtype, `bytes_per_param`) for the in-job routes, P x 4 for the fp32 masters.
     """
     rows, m = [], 2**20
-    for mode in MODES:
+    for mode in Route:
         by_rank = last_per_rank(costs, mode)
         if not by_rank:
             continue
@@ -301,7 +301,7 @@ def mib_or_dash(n: int | None) -> float | str:
 
 def cost_rows(costs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One display row per (mode, rank): the figures in units people read (s, MiB, KiB)."""
-    order = {m: i for i, m in enumerate(MODES)}
+    order = {m: i for i, m in enumerate(Route)}
     rows = []
     for c in sorted(costs, key=lambda c: (order.get(c["mode"], len(order)), c["rank"])):
         comm = c["comm_bytes"]

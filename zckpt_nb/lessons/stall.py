@@ -14,11 +14,9 @@ from statistics import mean, median, stdev
 from typing import Any
 
 from zckpt_nb.errors import LaunchError, UsageError
+from zckpt_nb.format.records import SaveMode
 from zckpt_nb.plan.interval import Loss, loss_curve, lost_fraction, optimal_interval
 from zckpt_nb.run.launch import RunResult, fresh_dir, launch
-
-SAVE_MODES = ("plain", "commit", "async", "ds_python", "ds_decoupled", "ds_fast")  # ds_*: `zckpt_nb.saving.engines`
-
 
 NEEDS_ACCELERATOR = ("ds_fast",)  # FastPersist's writer: pinned buffers and async I/O, refused on CPU ranks
 
@@ -46,9 +44,9 @@ def run_records(run_dir: str | Path, mode: str) -> list[dict[str, Any]]:
 def measure_modes(model: str, nproc: int, modes: list[str], out_dir: str | Path, *, steps: int = 8,
                   save_every: int = 4, progress: bool = False, dtype: str = "auto") -> list[dict[str, Any]]:
     """One launch per save mode into OUT_DIR/stall_<mode>; one record per (mode, rank, save)."""
-    unknown = [m for m in modes if m not in SAVE_MODES]
+    unknown = [m for m in modes if m not in list(SaveMode)]
     if unknown or not modes:
-        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(SAVE_MODES)}")
+        raise UsageError(f"unknown or no save modes {unknown}; choose from {', '.join(SaveMode)}")
     return [r for mode in modes for r in run_records(launch_mode(model, nproc, mode, out_dir, steps=steps,
                                                                  save_every=save_every, progress=progress,
                                                                  dtype=dtype), mode)]

@@ -15,10 +15,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from zckpt_nb.format.records import SaveCost
 
 _device_peak_before_resets = 0  # GPU peak seen before a save reset the counter (for run.json's run-wide peak)
 
@@ -27,33 +28,6 @@ _host_peak_before_resets = 0  # the same for the host's RSS high-water mark (VmH
 
 
 OBJECT_COLLECTIVES = {"ops": 0, "bytes": 0}  # this process's torch object collectives (the commit protocol's)
-
-
-@dataclass
-class SaveCost:
-    """What one save cost on one rank (one record of run.json's `save_costs`)."""
-
-    mode: str
-    rank: int
-    seconds: float
-    # Memory by kind, never mixed: host RSS and host heap on every rank; CUDA allocated and pinned host memory on GPU
-    peak_memory_bytes: int  # host RSS: the process's peak while saving (the kernel's VmHWM)
-    extra_peak_bytes: int  # host RSS: that peak minus what the process held when the save began
-    bytes_written: int  # sizes of the files this rank wrote, read from disk
-    comm_bytes: int | None  # DeepSpeed's logged message bytes (None: a process group without the logger)
-    comm_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {'count', 'bytes', 'max_bytes'}
-    heap_extra_peak_bytes: int | None = None  # host heap allocations at their peak, above the start (glibc only)
-    cuda_peak_bytes: int | None = None  # CUDA allocated (torch's allocator) at its peak while saving; None on CPU
-    cuda_extra_peak_bytes: int | None = None  # that peak minus what was allocated when the save began
-    pinned_host_bytes: int | None = None  # pinned host memory torch's caching host allocator holds after the save
-    #                                       (blocks rounded up to a power of two, cached ones included); None on CPU
-    bytes_read: int = 0  # size of the checkpoint files a route loads (offline conversion, HF export)
-    protocol_comm_ops: int = 0  # the commit protocol's object collectives during the save (not in the comms logger)
-    protocol_comm_bytes: int = 0  # their pickled payload, as every rank holds it after the call
-    files: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class _MallInfo2(ctypes.Structure):

@@ -8,7 +8,6 @@ starts each worker in a session of its own, so killing one process group is not 
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
@@ -29,6 +28,7 @@ from typing import Any
 from zckpt_nb.errors import LaunchError, LaunchStopped, LaunchTimeout, UsageError
 from zckpt_nb.format.disk import check_writable
 from zckpt_nb.format.layout import committed_tags
+from zckpt_nb.format.records import RunRecord
 from zckpt_nb.format.units import counted
 from zckpt_nb.run import lifeline, lock
 from zckpt_nb.run.devices import Placement, gpu_count, too_many
@@ -45,28 +45,22 @@ LEADS = ("rank 0", "node 0 rank 0")  # the label of global rank 0, which prints 
 
 
 @dataclass
-class RunResult:
-    """What a training launch measured: `run.json` as an object, plus the launcher's own view."""
+class RunResult(RunRecord):
+    """A finished training launch: its run.json (a `RunRecord`), where it ran, its output lines and seconds."""
 
-    output_dir: Path
-    world_size: int
-    backend: str
-    device: str
-    num_params: int
-    vocab_size: int
-    steps: list[int]
-    losses: list[float]
-    ranks: list[dict[str, Any]]
-    data: dict[str, Any]
-    log: list[str] = field(repr=False)
-    launch_seconds: float
+    output_dir: Path = Path()
+    log: list[str] = field(default_factory=list, repr=False)
+    launch_seconds: float = 0.0
 
     @classmethod
     def from_dir(cls, output_dir: Path, log: list[str], seconds: float) -> RunResult:
-        """Read `output_dir/run.json` written by rank 0."""
-        data = json.loads((output_dir / "run.json").read_text())
-        keys = ["world_size", "backend", "device", "num_params", "vocab_size", "steps", "losses", "ranks"]
-        return cls(output_dir, **{k: data[k] for k in keys}, data=data, log=log, launch_seconds=seconds)
+        """Read `output_dir/run.json`, written by rank 0."""
+        return cls(**vars(RunRecord.read(output_dir)), output_dir=output_dir, log=log, launch_seconds=seconds)
+
+    @property
+    def data(self) -> RunResult:
+        """The record itself: `run.data["losses"]` reads as `run.losses` (for code written while it was a dict)."""
+        return self
 
 
 def free_port() -> int:

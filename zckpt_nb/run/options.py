@@ -12,8 +12,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from zckpt_nb.errors import UsageError
+from zckpt_nb.format.records import SaveMode
 from zckpt_nb.model import PRESETS
-from zckpt_nb.saving.api import TRAINING_MODES, collective_seconds
+from zckpt_nb.saving.api import collective_seconds
 
 
 def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -35,7 +36,7 @@ class TrainOptions:
     new_schedule: bool = option(False, "with --resume and another --steps: decay the LR over the new --steps "
                                        "(default: keep the checkpoint's schedule, whose LR is 0 past its horizon)")
     reshard: str = option("auto", "auto: a checkpoint of another world size is converted (convert.reshard) and "
-                                  "loaded universally; never: hand it to DeepSpeed's own loader as it is (notebook 07)",
+                                  "loaded universally; never: hand it to DeepSpeed's own loader as it is",
                           ("auto", "never"))
     global_batch: int = option(0, "sequences per optimizer step, shared by all ranks (0: the preset's); a resume "
                                   "keeps the checkpoint's, on any number of ranks")
@@ -48,11 +49,11 @@ class TrainOptions:
                                             "rank (exit 1)", ("continue", "abort"))
     collective_timeout: float | None = option(None, "seconds a collective may wait for the other ranks "
                                                     "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
-    save_mode: str = option("commit", "commit: the commit protocol; async: snapshot, then write and commit in the "
-                                      "background; plain: DeepSpeed's save alone (the benchmarks' baseline); "
-                                      "rank0_only: the seed's hanging snippet (notebook 05); ds_python, ds_decoupled, "
-                                      "ds_fast: DeepSpeed's own checkpoint engines, no manifest or commit",
-                            TRAINING_MODES)
+    save_mode: str = option(SaveMode.COMMIT.value, "commit: the commit protocol; async: snapshot, then write and "
+                                                   "commit in the background; plain: DeepSpeed's save alone (the "
+                                                   "benchmarks' baseline); ds_python, ds_decoupled, ds_fast: "
+                                                   "DeepSpeed's own checkpoint engines, no manifest or commit",
+                            tuple(SaveMode))
     save_16bit: bool = option(False, "after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
     save_gathered: bool = option(False, "after training, save DIR/per_param/ gathering one parameter at a time "
                                         "(route 2)")
@@ -62,7 +63,7 @@ class TrainOptions:
     gather_16bit: str = option("auto", "stage3_gather_16bit_weights_on_model_save (auto: on with --save_16bit); with "
                                        "off, save_16bit_model saves nothing", ("auto", "on", "off"))
     init: str = option("hf", "hf: HfDeepSpeedConfig before from_config (correct); bare_zero_init: the trap that "
-                             "leaves weights uninitialised (notebook 02)", ("hf", "bare_zero_init"))
+                             "leaves weights uninitialised", ("hf", "bare_zero_init"))
     node_local_storage: bool = option(False, "each node keeps its part of every checkpoint in its own --output_dir "
                                              "(DeepSpeed's checkpoint.use_node_local_storage)")
     save_reference: bool = option(False, "after training, write each rank's raw partitions and the engine's logits "

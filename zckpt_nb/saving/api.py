@@ -6,14 +6,9 @@ rank 0 waits forever for ranks that never arrive. The guard belongs around what 
 should do: creating the directory and writing the tokenizer. Here that is the commit protocol's preparation,
 run by the folder's writer (`format.layout.writes_folder`); every rank calls `save`.
 
-The save modes (`SAVE_MODES`), as torchtitan's `CheckpointManager.save` takes its own:
-- `commit` (default): the commit protocol (`saving.commit`): durable, verified, resumable;
-- `async`: a host snapshot now, the write and the commit in a background thread (`saving.async_save`);
-- `plain`: DeepSpeed's `save_checkpoint` alone; `ds_python`, `ds_decoupled`, `ds_fast`: the same through DeepSpeed's
-  own checkpoint engines (configure the engine with `saving.engines.writer_section(mode)`, `saving.engines`);
-- `rank0_only`: the seed's snippet, which cannot finish (notebook 05 runs it, bounded);
-- `gathered16`, `per_param`: one consolidated model (`saving.routes`) written into the output folder.
-Only `commit` and `async` are durable and resumable with `resume`.
+The mode is a `SaveMode` (as torchtitan's `CheckpointManager.save` takes an `AsyncMode`), or a `Route` that runs in
+the ranks (`gathered16`, `per_param`: one consolidated model written into the output folder, `saving.routes`). Only
+`commit` and `async` are durable and resumable with `resume`.
 """
 
 from __future__ import annotations
@@ -26,18 +21,26 @@ from typing import Any
 
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.layout import SHARED_FILES, tag_for, writes_folder
+from zckpt_nb.format.records import Route, SaveMode, SaveOutcome
 from zckpt_nb.saving import rotation
 from zckpt_nb.saving.async_save import AsyncSaver
-from zckpt_nb.saving.commit import SaveOutcome, prepare_folder, save_committed
-from zckpt_nb.saving.engines import WRITERS
-from zckpt_nb.saving.patterns import save_plain, save_rank0_only
+from zckpt_nb.saving.commit import prepare_folder, save_committed
+from zckpt_nb.saving.patterns import save_plain
 from zckpt_nb.saving.resume import agreed_resume_tag, load_verified
 from zckpt_nb.saving.routes import save_gathered16, save_per_param
 
-TRAINING_MODES = ("commit", "async", "plain", "rank0_only", *WRITERS)  # what a training loop saves with
-ROUTES = {"gathered16": save_gathered16, "per_param": save_per_param}  # one consolidated model
-SAVE_MODES = (*TRAINING_MODES, *ROUTES)
-DURABLE_MODES = ("commit", "async")
+ROUTE_SAVES = {Route.GATHERED16: save_gathered16, Route.PER_PARAM: save_per_param}  # in the ranks
+
+
+def parse_mode(mode: str) -> SaveMode | Route:
+    """`mode` as a `SaveMode`, or a `Route` that runs in the ranks; UsageError naming the choices otherwise."""
+    if mode in ROUTE_SAVES:
+        return Route(mode)
+    try:
+        return SaveMode(mode)
+    except ValueError:
+        choices = ", ".join([*SaveMode, *ROUTE_SAVES])
+        raise UsageError(f"save mode {mode!r} is not one of {choices}") from None
 
 
 def collective_seconds(flag: float | None) -> float:
@@ -62,16 +65,15 @@ class Checkpointer:
     outcome once committed, `finish` waits for it (call it before the end of training).
     """
 
-    def __init__(self, engine: Any, output_dir: str | Path, *, mode: str = "commit", tokenizer: Any = None,
+    def __init__(self, engine: Any, output_dir: str | Path, *, mode: str = SaveMode.COMMIT, tokenizer: Any = None,
                  keep_last: int = 0, identity: dict[str, Any] | None = None,
                  collective_timeout: float | None = None) -> None:
-        if mode not in SAVE_MODES:
-            raise UsageError(f"save mode {mode!r} is not one of {', '.join(SAVE_MODES)}")
-        self.engine, self.output_dir, self.mode, self.tokenizer = engine, Path(output_dir), mode, tokenizer
+        self.engine, self.output_dir, self.tokenizer = engine, Path(output_dir), tokenizer
+        self.mode = parse_mode(mode)
         self.keep_last, self.identity = keep_last, identity or {}
         self.timeout_s = collective_seconds(collective_timeout)
         self.saver = AsyncSaver(engine, output_dir, self.identity, keep_last=keep_last, timeout_s=self.timeout_s) \
-            if mode == "async" else None
+            if self.mode == SaveMode.ASYNC else None
 
     def save(self, step: int, client_state: dict[str, Any] | None = None) -> SaveOutcome:
         """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank.
@@ -80,15 +82,13 @@ class Checkpointer:
         where. An `async` save returns in flight (neither committed nor failed); a route returns once written.
         """
         state, tag = dict(client_state or {}), tag_for(step)
-        if self.mode in ROUTES:
+        if self.mode in ROUTE_SAVES:
             return self.save_route(step)
         if self.saver:
             self.saver.finish()  # at most one in flight (the worker has already waited, and reported it)
             return self.saver.save(tag, state, step, self.preparation(tag))
-        if self.mode == "plain" or self.mode in WRITERS:
+        if not self.mode.durable:
             return save_plain(self.engine, self.output_dir, tag, state)
-        if self.mode == "rank0_only":
-            return save_rank0_only(self.engine, self.tokenizer, self.output_dir, tag, state, self.timeout_s)
         outcome = save_committed(self.engine, self.output_dir, tag, state, step=step, identity=self.identity,
                                  prepare=self.preparation(tag))
         if outcome.committed and self.keep_last:  # the same on every rank, so every rank joins rotation's gather
@@ -98,7 +98,7 @@ class Checkpointer:
     def save_route(self, step: int) -> SaveOutcome:
         """One consolidated model into the output folder (`saving.routes`), on every rank; rank 0 writes it."""
         start = time.perf_counter()
-        ROUTES[self.mode](self.engine, self.output_dir)
+        ROUTE_SAVES[self.mode](self.engine, self.output_dir)
         return SaveOutcome(self.mode, step, True, seconds=time.perf_counter() - start)
 
     def poll(self) -> SaveOutcome | None:
@@ -124,7 +124,8 @@ class Checkpointer:
 _OPEN: dict[tuple[int, str, str], Checkpointer] = {}  # save()'s checkpointers: an async save outlives its call
 
 
-def save(engine: Any, output_dir: str | Path, *, step: int | None = None, mode: str = "commit", tokenizer: Any = None,
+def save(engine: Any, output_dir: str | Path, *, step: int | None = None, mode: str = SaveMode.COMMIT,
+         tokenizer: Any = None,
          client_state: dict[str, Any] | None = None, keep_last: int = 0, identity: dict[str, Any] | None = None,
          collective_timeout: float | None = None) -> SaveOutcome:
     """Save a ZeRO-3 checkpoint of `engine` from every rank (default step: the engine's `global_steps`)."""

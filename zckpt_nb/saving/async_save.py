@@ -30,18 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.format.records import SaveOutcome
 from zckpt_nb.measure import meters
 from zckpt_nb.saving import commit, faults, rotation, snapshot
 from zckpt_nb.saving.collective import GROUP
-
-
-@dataclass
-class AsyncOutcome(commit.SaveOutcome):
-    """A `SaveOutcome` plus the snapshot's size: the host memory this rank held until its files were on disk."""
-
-    snapshot_bytes: int = 0
-    pinned_bytes: int | None = None  # pinned host memory held after the snapshot (GPU ranks; see SnapshotWriter)
-    durable_at: float | None = None  # time.perf_counter() when the commit was done (in the background thread)
 
 
 class SnapshotWriter(commit.DeferredErrorWriter):
@@ -97,7 +89,7 @@ class InFlight:
     need: int
     writer: SnapshotWriter
     thread: threading.Thread | None = None
-    outcome: AsyncOutcome | None = None
+    outcome: SaveOutcome | None = None
     failure: BaseException | None = None  # what the background thread raised (a lost peer): re-raised by `finish`
 
 
@@ -116,7 +108,7 @@ class AsyncSaver:
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.flight: InFlight | None = None
 
-    def save(self, tag: str, state: dict[str, Any], step: int, prepare: Any) -> AsyncOutcome:
+    def save(self, tag: str, state: dict[str, Any], step: int, prepare: Any) -> SaveOutcome:
         """Snapshot and start writing `tag`; returns at once, in flight (neither committed nor failed) unless the
         preflight failed. Call `finish` first: at most one save is in flight."""
         import torch.distributed as dist
@@ -124,7 +116,7 @@ class AsyncSaver:
         start, rank = time.perf_counter(), dist.get_rank()
         error, need = commit.agreed_preflight(self.engine, self.save_dir, state, step, rank, prepare)
         if error:
-            return AsyncOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
+            return SaveOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
         faults.maybe("fill", rank, step, self.save_dir)
         writer = SnapshotWriter(self.engine.checkpoint_engine, rank, step)
         commit.run_save(self.engine, writer, self.save_dir, tag, state, start)
@@ -133,17 +125,17 @@ class AsyncSaver:
         self.flight.thread = threading.Thread(target=self.write_and_commit, args=(self.flight,),
                                               name=f"zckpt-write-{tag}", daemon=True)
         self.flight.thread.start()
-        return AsyncOutcome(tag, step, False, None, snapshot_seconds, {"snapshot": snapshot_seconds},
+        return SaveOutcome(tag, step, False, None, snapshot_seconds, {"snapshot": snapshot_seconds},
                             estimated_bytes=need, snapshot_bytes=writer.snapshot_bytes,
                             pinned_bytes=writer.pinned_bytes)
 
-    def poll(self) -> AsyncOutcome | None:
+    def poll(self) -> SaveOutcome | None:
         """At a step boundary: the outcome of the save in flight once its background commit has finished, else None."""
         if self.flight is None or self.flight.thread.is_alive():
             return None
         return self.finish()
 
-    def finish(self) -> AsyncOutcome | None:
+    def finish(self) -> SaveOutcome | None:
         """Wait for the save in flight (if any) to be committed or failed; its outcome."""
         if self.flight is None:
             return None
@@ -161,7 +153,7 @@ class AsyncSaver:
         except BaseException as e:  # handed to the training thread, which raises it
             flight.failure = e
 
-    def commit_written(self, flight: InFlight) -> AsyncOutcome:
+    def commit_written(self, flight: InFlight) -> SaveOutcome:
         """Write the snapshot, agree and commit, rotate: this rank's outcome of the save."""
         flight.writer.write_all()
         writer, rank = flight.writer, flight.writer.rank
@@ -172,7 +164,7 @@ class AsyncSaver:
         end = time.perf_counter()
         timings = {"write": writer.write_seconds - writer.fsync_seconds,
                    "fsync": writer.fsync_seconds, "hash": writer.hash_seconds, "protocol": end - commit_start}
-        outcome = AsyncOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
+        outcome = SaveOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
                                estimated_bytes=flight.need, snapshot_bytes=writer.snapshot_bytes,
                                pinned_bytes=writer.pinned_bytes, durable_at=end)
         if outcome.committed and self.keep_last:

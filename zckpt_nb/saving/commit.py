@@ -27,7 +27,6 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,28 +34,10 @@ from zckpt_nb.errors import describe_error, is_peer_failure, peer_failure
 from zckpt_nb.format.disk import atomic_write, fsync_dir, nearest_existing, write_once
 from zckpt_nb.format.layout import MANIFEST, committed_tags, node_rank, writes_folder
 from zckpt_nb.format.manifest import checkpoint_manifest, file_record
+from zckpt_nb.format.records import SaveOutcome
 from zckpt_nb.format.sizes import engine_file_bytes
 from zckpt_nb.saving import faults, writers
 from zckpt_nb.saving.collective import gather
-
-
-@dataclass
-class SaveOutcome:
-    """What one save did, identical on every rank (except `timings` and `estimated_bytes`, which are this rank's)."""
-
-    tag: str
-    step: int
-    committed: bool
-    error: str | None = None
-    seconds: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)  # write, fsync, hash, protocol (seconds)
-    deleted: list[str] = field(default_factory=list)  # tags removed by --keep_last (zckpt_nb.saving.rotation)
-    rotation_error: str | None = None  # what --keep_last could not delete; the commit stands regardless
-    skipped: bool = False  # this rank did not take part (only the seed's rank-0-only pattern does that)
-    estimated_bytes: int = 0  # the preflight's prediction of this rank's files
-
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class DeferredErrorWriter:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from zckpt_nb.format.layout import latest_name, rank_files
+from zckpt_nb.format.records import Failure, SaveCost, SaveOutcome, SaveRecord
 from zckpt_nb.saving import rotation
 
 
-def report_failed_save(outcome: Any, output_dir: str | Path, on_save_error: str) -> None:
+def report_failed_save(outcome: SaveOutcome, output_dir: str | Path, on_save_error: str) -> None:
     """Every rank prints the same single line: what failed where, what is kept, what happens next."""
     kept = latest_name(output_dir) or "none yet"
     then = "training continues (--on_save_error continue)" if on_save_error == "continue" else \
@@ -23,27 +23,25 @@ def report_failed_save(outcome: Any, output_dir: str | Path, on_save_error: str)
 
 
 class SaveLog:
-    """This rank's saves for run.json: each record, with how long it stopped training and how long until durable.
+    """This rank's saves for run.json, each with how long it stopped training and how long until it was durable.
 
     `stall_seconds` runs from the save call to the start of the next step (or the end of the loop); a save by
-    DeepSpeed's decoupled engine also stops a later step for `commit_wait_seconds` (from `commit_wait_at`);
-    `durable_seconds` from the save call to the moment every rank knows the commit is on disk (None when the mode
-    never makes it durable, or the save failed). `started_at`, `step_starts` and `loop_seconds` (its end) are seconds
-    since the training loop began on this rank (the timeline of notebook 06).
+    DeepSpeed's decoupled engine also stops a later step for `commit_wait_seconds`. Times are seconds since the
+    training loop began on this rank.
     """
 
     def __init__(self, output_dir: str | Path, on_save_error: str, rank: int) -> None:
         self.output_dir, self.on_save_error, self.rank = output_dir, on_save_error, rank
-        self.saves: list[dict[str, Any]] = []
-        self.failed: list[dict[str, Any]] = []
-        self.rotation_errors: list[str] = []
+        self.saves: list[SaveRecord] = []
+        self.failed: list[Failure] = []
+        self.rotation_errors: list[Failure] = []
         self.save_seconds = 0.0
         self.started: dict[str, float] = {}  # tag -> when its save was called
-        self.costs: dict[str, dict[str, Any]] = {}  # tag -> the save call's SaveCost, as a dict
+        self.costs: dict[str, SaveCost] = {}  # tag -> what the save call cost on this rank
         self.loop_start = time.perf_counter()
         self.step_starts: list[float] = []
         self.loop_seconds = 0.0  # when the loop ended, on the same clock
-        self._stalled: tuple[dict[str, Any], float] | None = None  # the last save's record, until the next step
+        self.stalled: tuple[SaveRecord, float] | None = None  # the last save's record, until the next step
 
     def stall_ends(self, step_starts: bool = True) -> None:
         """The next step starts (`step_starts`), or training ends: the last save's stall is over."""
@@ -52,64 +50,60 @@ class SaveLog:
             self.step_starts.append(now)
         else:
             self.loop_seconds = now
-        if self._stalled:
-            record, start = self._stalled
-            record["stall_seconds"] = time.perf_counter() - start
-            self._stalled = None
+        if self.stalled:
+            record, start = self.stalled
+            record.stall_seconds = time.perf_counter() - start
+            self.stalled = None
 
     def add_waits(self, waits: list[tuple[float, float]]) -> None:
         """A later step (or the run's end) waited for the last save: DeepSpeed's decoupled writer finishing it."""
         for start, seconds in waits if self.saves else []:
-            self.saves[-1].update(commit_wait_at=start - self.loop_start, commit_wait_seconds=seconds)
+            self.saves[-1].commit_wait_at, self.saves[-1].commit_wait_seconds = start - self.loop_start, seconds
 
-    def add(self, outcome: Any, start: float, durable: bool, cost: dict[str, Any]) -> None:
-        """A save called at `start` returned; `durable`: once committed it is on disk (not DeepSpeed's plain save).
+    def add(self, outcome: SaveOutcome, start: float, durable: bool, cost: SaveCost) -> None:
+        """A save called at `start` returned; `durable`: once committed it is on disk (not DeepSpeed's own saves).
 
-        An asynchronous save returns neither committed nor failed: `settle` follows when it is, and then completes
-        its `cost` (this rank's SaveCost of the call) with the files the background write put on disk.
+        An asynchronous save returns in flight: `settle` follows once it is committed or failed, and then completes
+        its `cost` with the files the background write put on disk.
         """
-        record = outcome.record() | {"stall_seconds": None, "durable_seconds": None,
-                                     "started_at": start - self.loop_start}
+        record = SaveRecord(**vars(outcome), started_at=start - self.loop_start)
         self.saves.append(record)
         self.save_seconds += outcome.seconds
-        self.started[outcome.tag] = start
-        self.costs[outcome.tag] = cost
-        self._stalled = (record, start)
-        if outcome.committed or outcome.error:  # not in flight, nor skipped (the seed's rank-0 guard)
+        self.started[outcome.tag], self.costs[outcome.tag], self.stalled = start, cost, (record, start)
+        if not outcome.in_flight:
             self.settle(outcome, durable)
 
-    def settle(self, outcome: Any | None, durable: bool = True) -> None:
+    def settle(self, outcome: SaveOutcome | None, durable: bool = True) -> None:
         """A save's final outcome (None: nothing settled), on every rank: report a failure, or when it was durable."""
         if outcome is None:
             return
-        record = next(r for r in reversed(self.saves) if r["tag"] == outcome.tag)
-        record.update(committed=outcome.committed, error=outcome.error, timings=record["timings"] | outcome.timings,
-                      deleted=outcome.deleted, rotation_error=outcome.rotation_error)
+        record = next(r for r in reversed(self.saves) if r.tag == outcome.tag)
+        record.committed, record.error, record.timings = outcome.committed, outcome.error, \
+            record.timings | outcome.timings
+        record.deleted, record.rotation_error = outcome.deleted, outcome.rotation_error
         if not outcome.committed:
-            self.failed.append({"tag": outcome.tag, "step": outcome.step, "error": outcome.error})
+            self.failed.append(Failure(outcome.tag, outcome.step, outcome.error))
             report_failed_save(outcome, self.output_dir, self.on_save_error)
             return
-        if "snapshot_bytes" in record:  # asynchronous: the files were written after the call was measured
+        if record.snapshot_bytes:  # asynchronous: the files were written after the call was measured
             files = rank_files(self.output_dir, outcome.tag, self.rank)
-            root = Path(self.output_dir)
-            self.costs[outcome.tag].update(files=[str(root / f["path"]) for f in files],
-                                           bytes_written=sum(f["bytes"] for f in files))
+            cost = self.costs[outcome.tag]
+            cost.files = [str(Path(self.output_dir) / f["path"]) for f in files]
+            cost.bytes_written = sum(f["bytes"] for f in files)
         if durable:  # an asynchronous save was durable when its background thread committed it
-            record["durable_seconds"] = (getattr(outcome, "durable_at", None) or time.perf_counter()) \
-                - self.started[outcome.tag]
+            record.durable_seconds = (outcome.durable_at or time.perf_counter()) - self.started[outcome.tag]
         if self.rank == 0:
             print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
         if outcome.rotation_error:
             self.rotation_errors.append(rotation.report(outcome))
 
 
-def ending_problem(saves: list[dict[str, Any]], failed: list[dict[str, Any]], run_json_error: str | None) -> str | None:
+def ending_problem(saves: list[SaveRecord], failed: list[Failure], run_json_error: str | None) -> str | None:
     """One line when every save failed (a full or read-only disk to the end) or run.json could not be written."""
     problems = []
-    tried = [s for s in saves if not s["skipped"]]
-    if tried and len(failed) == len(tried):
-        problems.append(f"all {len(tried)} saves failed, so this run committed no checkpoint (the last: "
-                        f"{failed[-1]['error']}); free space or choose another --output_dir")
+    if saves and len(failed) == len(saves):
+        problems.append(f"all {len(saves)} saves failed, so this run committed no checkpoint (the last: "
+                        f"{failed[-1].error}); free space or choose another --output_dir")
     if run_json_error:
         problems.append(f"run.json was not written ({run_json_error})")
     return "; ".join(problems) or None

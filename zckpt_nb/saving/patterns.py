@@ -1,8 +1,4 @@
-"""Two save patterns the lessons compare with the commit protocol: DeepSpeed's save alone, and the seed's snippet.
-
-Neither is safe; both exist so that notebooks 02 and 06 and the benchmarks can *run* what goes wrong with them
-instead of describing it.
-"""
+"""DeepSpeed's save alone (`plain` and DeepSpeed's own engines): what the commit protocol is compared with."""
 
 from __future__ import annotations
 
@@ -13,10 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.errors import CollectiveTimeout, is_timeout
 from zckpt_nb.format.layout import tag_step
+from zckpt_nb.format.records import SaveOutcome
 from zckpt_nb.saving import faults
-from zckpt_nb.saving.commit import SaveOutcome
 
 
 class FaultBetweenFiles:
@@ -56,30 +51,3 @@ def save_plain(engine: Any, save_dir: str | Path, tag: str, state: dict[str, Any
         engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
     seconds = time.perf_counter() - start
     return SaveOutcome(tag, tag_step(tag), True, seconds=seconds, timings={"write": seconds})
-
-
-def save_rank0_only(engine: Any, tokenizer: Any, save_dir: str | Path, tag: str, state: dict[str, Any],
-                    timeout: float) -> SaveOutcome:
-    """The seed's snippet, for notebook 05: `if rank == 0:` around the whole, collective, save. It cannot finish.
-
-    Rank 0 waits in DeepSpeed's first barrier for ranks that went on training; the collective timeout ends the
-    wait with an error, turned into one line. The other ranks do what the snippet tells them: nothing, and they
-    train on until their next collective waits for rank 0 (what they print then is their own, real, error).
-    """
-    import torch.distributed as dist
-
-    start = time.perf_counter()
-    if dist.get_rank() != 0:
-        return SaveOutcome(tag, tag_step(tag), False, None, time.perf_counter() - start, skipped=True)
-    try:
-        os.makedirs(save_dir, exist_ok=True)
-        engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
-        tokenizer.save_pretrained(str(save_dir))
-    except Exception as e:
-        if not is_timeout(e):
-            raise
-        raise CollectiveTimeout(
-            f"rank 0: under ZeRO-3 every rank must call save_checkpoint; it was called on rank 0 only (--save_mode "
-            f"rank0_only) for {tag} and gave up after {time.perf_counter() - start:.0f} s (collective timeout "
-            f"{timeout:.0f} s) waiting for ranks that never joined") from None
-    return SaveOutcome(tag, tag_step(tag), True, None, time.perf_counter() - start)

@@ -14,7 +14,7 @@ from typing import Any
 from zckpt_nb.errors import describe_error
 from zckpt_nb.format.disk import fsync_dir
 from zckpt_nb.format.layout import MANIFEST, committed_tags, incomplete_tags, tag_step, universal_dir, writes_folder
-from zckpt_nb.saving import commit
+from zckpt_nb.format.records import Failure, SaveOutcome
 from zckpt_nb.saving.collective import gather
 
 
@@ -64,7 +64,7 @@ def rotate(save_dir: Path, keep_last: int) -> tuple[list[str], str | None]:
     return deleted, "; ".join(errors) or None
 
 
-def after_commit(save_dir: str | Path, keep_last: int, outcome: commit.SaveOutcome, node_local: bool = False) -> None:
+def after_commit(save_dir: str | Path, keep_last: int, outcome: SaveOutcome, node_local: bool = False) -> None:
     """Every rank, after a committed save: each folder's writer rotates; every rank learns the result in `outcome`.
 
     The writer is rank 0, or every node's local rank 0 with node-local storage; `outcome.deleted` is rank 0's list,
@@ -75,8 +75,8 @@ def after_commit(save_dir: str | Path, keep_last: int, outcome: commit.SaveOutco
     outcome.rotation_error = "; ".join(error for _, error in results if error) or None
 
 
-def report(outcome: commit.SaveOutcome) -> dict[str, Any]:
+def report(outcome: SaveOutcome) -> Failure:
     """Every rank prints the same single line for a failed rotation; returns its `run.json` record."""
     print(f"rotation after {outcome.tag} failed: {outcome.rotation_error}; {outcome.tag} is committed and 'latest' "
           "names it; training continues", flush=True)
-    return {"tag": outcome.tag, "step": outcome.step, "error": outcome.rotation_error}
+    return Failure(outcome.tag, outcome.step, outcome.rotation_error)

@@ -10,10 +10,10 @@ Here the horizon goes into the client state; a resume keeps it by default (past 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.format.client_state import CLIENT_KEY
+from zckpt_nb.format.records import Schedule
 from zckpt_nb.model import ds_config
 
 
@@ -43,7 +43,7 @@ def saved_horizon(load_dir: str | Path, tag: str) -> int | None:
     return states.get(CLIENT_KEY, {}).get("steps")
 
 
-def resume_schedule(model: str, steps: int, start: int, saved: int | None, new: bool) -> dict[str, Any]:
+def resume_schedule(model: str, steps: int, start: int, saved: int | None, new: bool) -> Schedule:
     """The horizon a resume trains with, and its record: both horizons and the LRs around the resume step.
 
     The first resumed step trains at the LR restored with the optimizer (the old schedule's); the scheduler DeepSpeed
@@ -51,19 +51,18 @@ def resume_schedule(model: str, steps: int, start: int, saved: int | None, new: 
     """
     horizon = steps if new or saved is None else saved
     old = saved or steps
-    return {"checkpoint_horizon": saved, "horizon": horizon, "new_schedule": new, "resume_step": start,
-            "lr_restored": lr_at(model, start, old), "lr_next_old": lr_at(model, start + 1, old),
-            "lr_next_new": lr_at(model, start + 1, steps)}
+    return Schedule(horizon, saved, new, start, lr_restored=lr_at(model, start, old),
+                    lr_next_old=lr_at(model, start + 1, old), lr_next_new=lr_at(model, start + 1, steps))
 
 
-def describe_schedule(record: dict[str, Any], steps: int) -> str | None:
+def describe_schedule(plan: Schedule, steps: int) -> str | None:
     """One line when --steps differs from the checkpoint's horizon: what happens to the LR (None otherwise)."""
-    old, start = record["checkpoint_horizon"], record["resume_step"]
+    old, start = plan.checkpoint_horizon, plan.resume_step
     if old is None or old == steps:
         return None
-    lrs = (f"step {start} trains at {record['lr_restored']:.3g} (restored with the optimizer), step {start + 1} at "
-           f"{record['lr_next_old']:.3g} on the old schedule or {record['lr_next_new']:.3g} on the new")
-    if record["new_schedule"]:
+    lrs = (f"step {start} trains at {plan.lr_restored:.3g} (restored with the optimizer), step {start + 1} at "
+           f"{plan.lr_next_old:.3g} on the old schedule or {plan.lr_next_new:.3g} on the new")
+    if plan.new_schedule:
         return f"--new_schedule: the LR now decays over {steps} steps instead of {old}; {lrs}"
     return (f"--steps {steps} but the checkpoint's LR schedule ends at step {old}: continuing it (the LR is 0 from "
             f"step {old + 1} on); {lrs}; pass --new_schedule to decay over {steps} steps")

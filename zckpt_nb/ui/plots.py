@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from zckpt_nb.convert.inspect import CheckpointInfo
-from zckpt_nb.lessons.compare import IN_GPU_RANKS, MODES
+from zckpt_nb.format.records import Route
+from zckpt_nb.lessons.compare import IN_GPU_RANKS
 
 
 def add_caption(fig: Figure, caption: str) -> Figure:
@@ -106,7 +107,7 @@ def plot_save_timings(saves: Sequence[dict], *, title: str, caption: str) -> Fig
 def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figure:
     """Six panels of grouped bars, one group per route and one bar per rank: time, extra peak RSS, extra peak heap
     allocations, bytes written, bytes read, bytes moved by collectives (as DeepSpeed's comms logger recorded them)."""
-    modes = [m for m in MODES if any(c["mode"] == m for c in costs)]
+    modes = [m for m in Route if any(c["mode"] == m for c in costs)]
     ranks = sorted({c["rank"] for c in costs})
     last = {(c["mode"], c["rank"]): c for c in costs}  # the newest save of each (mode, rank)
     panels = [("seconds", 1, "wall time (s)"), ("extra_peak_bytes", 2**20, "extra peak RSS (MiB)"),

@@ -19,8 +19,9 @@ import ipywidgets as w
 import matplotlib.pyplot as plt
 
 from zckpt_nb.errors import LaunchStopped
+from zckpt_nb.format.records import Route
 from zckpt_nb.lessons import compare
-from zckpt_nb.lessons.compare import MODES, load_records
+from zckpt_nb.lessons.compare import load_records
 from zckpt_nb.model import PRESETS
 from zckpt_nb.run.launch import progress_of
 from zckpt_nb.ui.plots import plot_compare
@@ -43,7 +44,7 @@ class CompareWidget:
 
     def __init__(self, output_dir: str | Path, *, default_sizes: tuple[int, ...] = (1, 2),
                  world_sizes: tuple[int, ...] | None = None, model: str = "tiny", presets: tuple[str, ...] = (),
-                 default_modes: tuple[str, ...] = MODES, steps: int = 5, timeout: float | None = None,
+                 default_modes: tuple[str, ...] = tuple(Route), steps: int = 5, timeout: float | None = None,
                  persistence_threshold: int = 0) -> None:
         """Offer `world_sizes` (1, 2, 4 by default) and `presets` (all by default) next to the defaults selected."""
         self.output_dir, self.steps, self.timeout = Path(output_dir), steps, timeout
@@ -60,8 +61,8 @@ class CompareWidget:
                                           description="persistence threshold",
                                           tooltip="stage3_param_persistence_threshold (DeepSpeed's default: 100000)",
                                           layout=w.Layout(width="260px"), style=WIDE)
-        self.modes = w.SelectMultiple(options=list(MODES), value=list(default_modes), description="save modes",
-                                      rows=len(MODES), style=WIDE)
+        self.modes = w.SelectMultiple(options=list(Route), value=list(default_modes), description="save modes",
+                                      rows=len(Route), style=WIDE)
         self.button = w.Button(description="Run what is missing", button_style="primary", icon="play",
                                tooltip="measure the world sizes and modes not in compare.json yet, then redraw",
                                layout=w.Layout(width="auto"))
