@@ -19,25 +19,6 @@ from zckpt_nb.run.logs import rank_lines
 from zckpt_nb.saving import faults
 
 
-def row(n: int, held: int, p: int = 1000, persistent_numel: int = 0, threshold: int = 0) -> dict:
-    return {"N": n, "threshold": threshold, "P": p, "held per rank": held, "persistent per rank": persistent_numel,
-            "written per rank": 12 * held, "shard bytes per rank": 12 * held, "save collective bytes per rank": 40,
-            "save collective ops": "2 x all_reduce"}
-
-
-def test_scaling_verdict_follows_the_measured_shares():
-    assert claims.scaling_sentence([row(1, 1000), row(2, 500)]).startswith("Each rank's share fell as 1/N")
-    assert "did not fall as 1/N" in claims.scaling_sentence([row(1, 1000), row(2, 1000, persistent_numel=1000)])
-    assert claims.scaling_sentence([row(3, 334)]).startswith("Only N = 3 was measured")
-
-
-def test_whole_model_verdict_names_the_runs_that_held_everything():
-    assert claims.whole_model_sentence([row(2, 500), row(4, 250)]).startswith("No rank held the whole model")
-    text = claims.whole_model_sentence([row(1, 1000), row(2, 1500, persistent_numel=1000, threshold=10**5)])
-    assert "With N = 1 and threshold 0, the only rank owns every slice" in text
-    assert "With N = 2 and threshold 100,000, each rank held 1,500 elements, more than P = 1,000" in text
-
-
 def test_agreement_verdict_follows_the_agreement_table():
     good = {"mode": "partitioned", "N": 2, "worst payload error (%)": 0.0, "collective bytes: predicted = logged": True}
     bad = dict(good, mode="gathered16", N=1, **{"collective bytes: predicted = logged": False})

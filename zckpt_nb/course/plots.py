@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 
 def caption(fig: Figure, text: str) -> Figure:
@@ -38,7 +38,7 @@ def rank_bars(values: Mapping[str, Sequence[float]], labels: Sequence[str], *, t
               xlabel: str = "rank", stacked: bool = False, lines: Mapping[str, float] | None = None) -> Figure:
     """Bars per rank (or any group in `labels`): one series per key of `values`, side by side or `stacked`;
     `lines`: labelled horizontal references (a prediction, P/N)."""
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 3), 3.4))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(labels) + 4), 3.4))
     xs = range(len(labels))
     width = 0.8 if stacked else 0.8 / max(1, len(values))
     bottom = [0.0] * len(labels)
@@ -51,5 +51,7 @@ def rank_bars(values: Mapping[str, Sequence[float]], labels: Sequence[str], *, t
         ax.axhline(y, color="black", ls=(":", "--", "-.")[i % 3], lw=1.2, label=name)
     ax.set_xticks(list(xs), list(labels))
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if max((max(ys, default=0) for ys in values.values()), default=0) >= 1000:
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # counts as the tables write them
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     return caption(fig, note)

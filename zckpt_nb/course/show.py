@@ -53,8 +53,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) 
     return Table(rows, columns)
 
 
-def check(label: str, condition: object, detail: str = "") -> bool:
-    """Print one line that says whether `condition` holds (`✓ label` or `✗ FAILED label`), with `detail`; return it."""
-    ok = bool(condition)
-    print(f"{'✓' if ok else FAILED} {label}" + (f"  ({detail})" if detail else ""))
-    return ok
+def check(label: str, condition: object, detail: str = "") -> None:
+    """Print one line that says whether `condition` holds: `✓ label`, or `✗ FAILED label` (the runner and the tests
+    fail a notebook that prints one), with `detail` after it."""
+    print(f"{'✓' if condition else FAILED} {label}" + (f"  ({detail})" if detail else ""))
