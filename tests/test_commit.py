@@ -16,8 +16,9 @@ from zckpt_nb.errors import CheckpointError, LaunchError, LaunchTimeout, describ
 from zckpt_nb.format.disk import atomic_write
 from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name
 from zckpt_nb.format.manifest import sha256_file
+from zckpt_nb.run import faults
 from zckpt_nb.run.launch import launch
-from zckpt_nb.saving import faults, rotation
+from zckpt_nb.saving import rotation
 from zckpt_nb.saving.commit import space_problem
 
 STEPS, EVERY = 12, 4
@@ -171,6 +172,15 @@ def test_hung_rank_is_reported_within_the_collective_timeout(tmp_path, monkeypat
     text = failed_launch(out, collective_timeout=10)
     assert "save of global_step8 stopped" in text and "Timed out waiting 10000ms" in text
     assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
+
+
+def test_a_failed_copy_of_deepspeeds_recovery_script_fails_the_save_on_every_rank(tmp_path):
+    out = tmp_path / "run"
+    (out / "zero_to_torch.py").mkdir(parents=True)  # rank 0 copies DeepSpeed's script there after its last file
+    text = failed_launch(out, EVERY, collective_timeout=60)
+    printed = [line for line in text.splitlines() if "save global_step4 failed" in line]
+    assert len(printed) == 2 and all("EISDIR" in line and "zero_to_torch.py" in line for line in printed)
+    assert "all 1 saves failed" in text and committed_tags(out) == []  # every rank agreed: no peer failure
 
 
 def test_seed_rank0_only_save_is_reported_not_an_endless_hang(tmp_path):

@@ -134,7 +134,7 @@ def test_save_costs_has_a_record_per_mode_and_rank(routes_run):
                                                          for r in (0, 1)}
     keys = {"mode", "rank", "seconds", "peak_memory_bytes", "extra_peak_bytes", "bytes_written", "comm_bytes",
             "comm_ops"}
-    assert all(keys <= set(c) and c["seconds"] > 0 and c["peak_memory_bytes"] > 0 for c in records)
+    assert all(keys <= set(vars(c)) and c.seconds > 0 and c.peak_memory_bytes > 0 for c in records)
 
 
 def test_bytes_written_are_the_files_each_rank_wrote(routes_run):

@@ -14,9 +14,9 @@ from zckpt_nb.lessons import claims
 from zckpt_nb.lessons.compare import op_differences
 from zckpt_nb.model import deepspeed_persistence_default, ln_vocab, meta_model
 from zckpt_nb.plan.costs import persistent, predict, tensor_numels
+from zckpt_nb.run import faults
 from zckpt_nb.run.launch import launch
 from zckpt_nb.run.logs import rank_lines
-from zckpt_nb.saving import faults
 
 
 def test_agreement_verdict_follows_the_agreement_table():

@@ -49,10 +49,12 @@ from zckpt_nb.model import (
     state_dict_placeholders,
 )
 from zckpt_nb.run import lifeline
+from zckpt_nb.run.faults import engine_kind
 from zckpt_nb.run.options import TrainOptions
-from zckpt_nb.saving import engines, schedule
+from zckpt_nb.saving import schedule
 from zckpt_nb.saving.api import Checkpointer
 from zckpt_nb.saving.collective import gather
+from zckpt_nb.saving.engine import install, launcher_env, writer_section
 from zckpt_nb.saving.log import SaveLog, ending_problem
 from zckpt_nb.saving.nodes import check_layout, drop_partial
 from zckpt_nb.saving.resume import load_verified, resume_source
@@ -291,10 +293,12 @@ def build_engine(worker: Worker) -> None:
                        persistence_threshold=opts.persistence_threshold,
                        load_universal=bool(worker.source and worker.source.universal),
                        node_local_storage=opts.node_local_storage)
-    config["checkpoint"].update(engines.writer_section(opts.save_mode))  # DeepSpeed's own writers, by config
-    engines.set_launcher_env()
+    config["checkpoint"].update(writer_section(opts.save_mode))  # DeepSpeed's own writers, by config
+    for key, value in launcher_env().items():  # what DeepSpeed's launcher would have exported
+        os.environ.setdefault(key, value)
     model, worker.hf_config = (build_model if opts.init == "hf" else build_model_bare)(opts.model, config)
     worker.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    install(worker.engine, engine_kind())  # the package's checkpoint engine (with ZCKPT_FAULT's fault, if set)
     worker.config, worker.held = config, held_elements(worker.engine.module)
     held = worker.held
     print(f"rank {worker.rank}/{worker.world} on {worker.device} ({worker.backend}): holds "
@@ -320,7 +324,7 @@ def loop(worker: Worker, start_step: int) -> tuple[SaveLog, History]:
     checkpointer = Checkpointer(engine, opts.output_dir, mode=opts.save_mode, tokenizer=worker.tokenizer,
                                 keep_last=opts.keep_last, identity=worker.identity,
                                 collective_timeout=opts.collective_timeout)
-    commits = engines.time_commits(engine) if opts.save_mode in engines.WRITERS else None
+    writer = install(engine)  # it times DeepSpeed's commits: a decoupled save's writer stalls a later step
     share = data.rank_share(opts.global_batch, worker.world, worker.rank)  # this rank's slice of every batch
     engine.train()
     log, history = SaveLog(opts.output_dir, opts.on_save_error, worker.rank), History()
@@ -331,21 +335,19 @@ def loop(worker: Worker, start_step: int) -> tuple[SaveLog, History]:
                                            seq_len=worker.preset.seq_len)
         history.steps.append(step)
         history.lrs.append(engine.get_lr()[0])  # the LR this step trains with (the scheduler stepped after the last)
-        if commits:
-            commits.take()  # commits inside a save call are in its measured time already
+        writer.take_waits()  # commits inside a save call are in its measured time already
         history.losses.append(train_step(engine, batch, share, worker.world, worker.device))
-        if commits:
-            log.add_waits(commits.take())  # this step waited for a decoupled save's writer
+        log.add_waits(writer.take_waits())  # this step waited for a decoupled save's writer
         if worker.rank == 0:  # the launcher parses these lines for its progress bar
             print(f"step {step + 1}/{opts.steps} loss {history.losses[-1]:.4f}", flush=True)
         done = step + 1
         if (opts.save_every and done % opts.save_every == 0) or (opts.save_checkpoint and done == opts.steps):
             save_now(worker, checkpointer, log, done)
     log.stall_ends(step_starts=False)
-    if commits and commits.is_decoupled():  # its writer finishes the last save (DeepSpeed writes no `latest` for it)
-        commits.take()
-        commits.cleanup()
-        log.add_waits(commits.take())
+    if writer.is_decoupled():  # its writer finishes the last save (DeepSpeed writes no `latest` for it)
+        writer.take_waits()
+        writer.cleanup()
+        log.add_waits(writer.take_waits())
     log.settle(checkpointer.finish())  # the last save commits before the run ends
     return log, history
 

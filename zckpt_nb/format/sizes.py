@@ -1,30 +1,24 @@
-"""What each rank's two checkpoint files weigh, predicted from the config: tensor payload plus torch.save's header.
+"""What a rank's checkpoint files weigh: ZeRO-3's partition arithmetic, and the save preflight's bound of the bytes.
 
-The payload is the cost model's (12 bytes per owned element plus two fixed tensors). The header is the rest of
-the files: the non-tensor content DeepSpeed 0.19.8 pickles into them (the module's empty placeholders with torch's
-`_metadata`, parameter shapes, the DeepSpeed config, Adam's hyperparameters, our client state) and the zip record
-torch.save writes around every tensor. We rebuild that content with every tensor empty (one storage each, as in the
-real files) and let torch.save serialise it into memory; its size is the header. What an empty tensor cannot show
-(its record's alignment, its element count in the pickle) is bounded by `RECORD_SLACK` per tensor with data. For the
-package's own worker, whose DeepSpeed config and client state are known, the prediction is an upper bound a few
-hundred bytes above the files (tests/test_costs.py). The save preflight (`saving.commit`) asks `engine_file_bytes`,
-which builds the same from the live engine and the client state being saved: for a user's engine an estimate of the
-free space a save needs (DeepSpeed may pickle more than it shows us), not a bound.
+Each rank owns every tensor's slice, padded to a multiple of N; its optimizer file holds 12 bytes per owned element
+(fp32 master weights, Adam's two moments). The rest of its two files is header: what DeepSpeed pickles beside the
+tensors and the zip record `torch.save` writes around each. The preflight bounds that header per tensor
+(`save_bytes`, a few KiB above the files); the planner's exact figure rebuilds it (`plan.files`).
 """
 
 from __future__ import annotations
 
-import io
+import copy
 import math
-from collections import OrderedDict
+import pickle
+from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
-from zckpt_nb.format.client_state import CLIENT_KEY, client_state
-
 ADAM_STATES = 2  # exp_avg, exp_avg_sq
-
-
 FP32 = 4
+TENSOR_HEADER = 640  # bytes around one tensor: its pickled rebuild and name, zip entry, shapes entry (measured 390-460)
+FILES_HEADER = 8 * 2**10  # the rest of the two files: zip directories, DeepSpeed's bookkeeping, the optimizer's
 
 
 def fixed_tensor_bytes() -> int:
@@ -50,119 +44,31 @@ def exact_ratio(p: int, n: int) -> str:
     return f"{whole:,}" + (f" {rest}/{n}" if rest else "")
 
 
-# Tensors with data in one rank's files: the torch RNG state (model states); the fp32 partition, Adam's step and
-# both moments (optimizer states). Each record's data starts on a 64-byte boundary (up to 63 bytes of padding), and
-# the pickle spells each tensor's element count: 128 bytes bound both.
-DATA_TENSORS, RECORD_SLACK = 5, 128
-
-
-def saved_size(obj: Any) -> int:
-    """Bytes `torch.save` writes for `obj`."""
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.tell()
-
-
-def placeholders(model: Any) -> OrderedDict:
-    """`model.state_dict()` as ZeRO-3 saves it: every tensor empty (tied ones share one), torch's `_metadata` kept."""
-    import torch
-
-    module, empty = model.state_dict(keep_vars=True), {}
-    for key, tensor in module.items():
-        module[key] = empty.setdefault(id(tensor), torch.empty(0, dtype=tensor.dtype))
-    return module
-
-
-def package_client(config: dict[str, Any], n: int, step: int, seed: int) -> dict[str, Any]:
-    """This package's client state as the worker saves it, from the config alone (the global batch within a few
-    bytes), its RNG tensor empty (those bytes are payload)."""
-    import torch
-
-    batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
-    client = client_state(step, seed, batch, n, config["scheduler"]["params"]["total_num_steps"])
-    client[CLIENT_KEY]["rng"]["torch"] = torch.empty(0, dtype=torch.uint8)
-    return client
-
-
-def without_tensor_data(obj: Any) -> Any:
-    """`obj` with every tensor replaced by an empty one of its dtype (their bytes are counted as payload)."""
+def tensors_in(obj: Any) -> Iterator[Any]:
+    """Every tensor reachable through dicts, lists and tuples (where DeepSpeed's state dicts keep them)."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return torch.empty(0, dtype=obj.dtype)
-    if isinstance(obj, dict):
-        return type(obj)((k, without_tensor_data(v)) for k, v in obj.items()) if not isinstance(obj, OrderedDict) \
-            else OrderedDict((k, without_tensor_data(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(without_tensor_data(v) for v in obj)
-    return obj
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from tensors_in(value)
+    elif isinstance(obj, list | tuple):
+        for item in obj:
+            yield from tensors_in(item)
 
 
-def shared_params(model: Any) -> dict[str, str]:
-    """Tied parameters as DeepSpeed records them: each later name of a tensor mapped to its first name."""
-    first: dict[int, str] = {}
-    shared = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            shared[name] = first[id(param)]
-        else:
-            first[id(param)] = name
-    return shared
-
-
-def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> dict[str, Any]:
-    """The model-states file's content as DeepSpeed's `_save_checkpoint` writes it under ZeRO-3, tensors empty.
-
-    `model` is a meta model or a live ZeRO-3 one (whose shapes are in `ds_shape`); `client` the client state saved.
-    """
-    batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
-    shapes = OrderedDict((k, getattr(p, "ds_shape", p.shape)) for k, p in model.named_parameters())
-    return {"module": placeholders(model), "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
-            "frozen_param_shapes": OrderedDict(), "shared_params": shared_params(model),
-            "frozen_param_fragments": OrderedDict(), "lr_scheduler": {"last_batch_iteration": step - 1},
-            "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
-            "global_samples": step * batch, "dp_world_size": n, "mp_world_size": 1,
-            "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, "ds_config": config,
-            "ds_version": deepspeed_version(), **client}
-
-
-def optim_states(n: int, config: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer-states file's content as DeepSpeed's ZeRO-3 `state_dict` writes it, tensors empty."""
-    import torch
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-
-    params = {k: v for k, v in config["optimizer"]["params"].items() if k != "torch_adam"}
-    groups = torch.optim.AdamW([torch.zeros(1)], **params).state_dict()["param_groups"]
-    adam = {key: torch.empty(0) for key in ("step", "exp_avg", "exp_avg_sq")}
-    inner = {"state": {0: adam}, "param_groups": groups}
-    return {"optimizer_state_dict": {"zero_stage": ZeroStageEnum.weights, "loss_scaler": LossScaler(1.0),
-                                     "dynamic_loss_scale": False, "overflow": False, "partition_count": n,
-                                     "optimizer_state_dict": inner, "fp32_flat_groups": [torch.empty(0)]},
-            "ds_config": config, "ds_version": deepspeed_version()}
-
-
-def deepspeed_version() -> str:
-    """The DeepSpeed version string the files record."""
-    import deepspeed
-
-    return deepspeed.__version__
-
-
-def module_file_bytes(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> int:
-    """Predicted size of one rank's two files when `model` trained with `config` on `n` ranks saves at `step`, with
-    client state `client` (tensors empty)."""
-    numels = tuple(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-    payload = (1 + ADAM_STATES) * FP32 * slice_numel(numels, n) + fixed_tensor_bytes()
-    header = saved_size(model_states(model, n, config, step, client)) + saved_size(optim_states(n, config))
-    return payload + header + DATA_TENSORS * RECORD_SLACK
-
-
-def engine_file_bytes(engine: Any, state: dict[str, Any], step: int) -> int:
-    """Predicted size of this rank's two files when the live ZeRO-3 `engine` saves client `state` at `step`.
-
-    Any client state: the package's own, or whatever a user's training loop hands to `zckpt_nb.save`.
-    """
-    return module_file_bytes(engine.module, engine.dp_world_size, engine.config, step, without_tensor_data(state))
+def save_bytes(engine: Any, state: dict[str, Any]) -> int:
+    """An upper bound of this rank's two files when the ZeRO-3 `engine` saves client `state`: 12 B per owned element,
+    the tensors kept whole (persistent parameters, buffers, the client state's), a header per tensor and per name,
+    the pickled config and client state."""
+    module = engine.module
+    owned = sum(getattr(p, "ds_tensor", p).numel() for p in module.parameters())
+    client = list(tensors_in(state))
+    whole = [t for t in chain(module.parameters(), module.buffers(), client) if t.numel()]
+    names = sum(len(name) for name, _ in chain(module.named_parameters(), module.named_buffers()))
+    records = len(list(module.parameters())) + len(list(module.buffers())) + len(client) + 2 + ADAM_STATES
+    skeleton = copy.deepcopy(state, {id(t): None for t in client})  # the client state without its tensors
+    return ((1 + ADAM_STATES) * FP32 * owned + sum(t.numel() * t.element_size() for t in whole)
+            + TENSOR_HEADER * records + 3 * names + 2 * len(pickle.dumps(engine.config))
+            + len(pickle.dumps(skeleton)) + FILES_HEADER)

@@ -196,12 +196,12 @@ def timeout_rows(collective_timeout: float) -> list[dict[str, str]]:
     """The timeouts a waiting collective can meet, read from the installed packages where they live."""
     from torch.distributed import constants
 
-    from zckpt_nb.saving.api import collective_seconds
+    from zckpt_nb.saving.collective import timeout_seconds
 
     nccl = constants.default_pg_nccl_timeout
     rows = [("section 2's job (COLLECTIVE_TIMEOUT)", collective_timeout,
              "--collective_timeout, passed to deepspeed.init_distributed"),
-            ("this package's worker, by default", collective_seconds(None), "$ZCKPT_COLLECTIVE_TIMEOUT"),
+            ("this package's worker, by default", timeout_seconds(None), "$ZCKPT_COLLECTIVE_TIMEOUT"),
             ("deepspeed.init_distributed, by default", deepspeed_default_timeout(), "$DEEPSPEED_TIMEOUT"),
             ("torch's init_process_group without one: gloo", constants.default_pg_timeout.total_seconds(), "torch"),
             ("torch's init_process_group without one: NCCL", nccl.total_seconds() if nccl else 600.0,

@@ -32,16 +32,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from zckpt_nb.format.sizes import (
-    ADAM_STATES,
-    FP32,
-    fixed_tensor_bytes,
-    module_file_bytes,
-    package_client,
-    padding,
-    slice_numel,
-)
+from zckpt_nb.format.sizes import ADAM_STATES, FP32, fixed_tensor_bytes, padding, slice_numel
 from zckpt_nb.model import PRESETS, ds_config, meta_model
+from zckpt_nb.plan.files import module_file_bytes, package_client
 
 TAG_CHECK_BYTES = 2 * 20  # save_checkpoint's tag validation: MAX and MIN all-reduce of a SHA-1 digest
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}

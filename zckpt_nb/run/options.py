@@ -14,7 +14,7 @@ from typing import Any
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.records import SaveMode
 from zckpt_nb.model import PRESETS
-from zckpt_nb.saving.api import collective_seconds
+from zckpt_nb.saving.collective import timeout_seconds
 
 
 def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -127,4 +127,4 @@ class TrainOptions:
 
     def timeout_seconds(self) -> float:
         """Seconds a collective may wait: `collective_timeout`, else $ZCKPT_COLLECTIVE_TIMEOUT, else 600."""
-        return collective_seconds(self.collective_timeout)
+        return timeout_seconds(self.collective_timeout)

@@ -1,19 +1,17 @@
-"""One way in for every save: `Checkpointer.save`, and `save` / `resume` for a training loop of your own.
+"""One way in for every save: `Checkpointer.save`, and `save`, `wait` and `resume` for a training loop of your own.
 
-The seed's snippet guards the whole save with `if dist.get_rank() == 0:`. Under ZeRO-3 that hangs:
-`engine.save_checkpoint` is collective (every rank writes its own shard and joins barriers), so
-rank 0 waits forever for ranks that never arrive. The guard belongs around what only one process
-should do: creating the directory and writing the tokenizer. Here that is the commit protocol's preparation,
-run by the folder's writer (`format.layout.writes_folder`); every rank calls `save`.
+The seed's snippet guards the whole save with `if dist.get_rank() == 0:`. Under ZeRO-3 that hangs: `save_checkpoint`
+is collective, so rank 0 waits forever for ranks that never arrive. The guard belongs around what one process alone
+should do (creating the folder, writing the tokenizer): here the folder's writer does that in the commit protocol's
+preflight, and every rank calls `save`.
 
 The mode is a `SaveMode` (as torchtitan's `CheckpointManager.save` takes an `AsyncMode`), or a `Route` that runs in
-the ranks (`gathered16`, `per_param`: one consolidated model written into the output folder, `saving.routes`). Only
-`commit` and `async` are durable and resumable with `resume`.
+the ranks (one consolidated model written into the output folder, `saving.routes`). Only `commit` and `async` are
+durable and resumable with `resume`.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -22,14 +20,16 @@ from typing import Any
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.layout import SHARED_FILES, tag_for, writes_folder
 from zckpt_nb.format.records import Route, SaveMode, SaveOutcome
+from zckpt_nb.format.writer import skip_crc32
 from zckpt_nb.saving import rotation
 from zckpt_nb.saving.async_save import AsyncSaver
+from zckpt_nb.saving.collective import timeout_seconds
 from zckpt_nb.saving.commit import prepare_folder, save_committed
-from zckpt_nb.saving.patterns import save_plain
+from zckpt_nb.saving.engine import install
 from zckpt_nb.saving.resume import agreed_resume_tag, load_verified
 from zckpt_nb.saving.routes import save_gathered16, save_per_param
 
-ROUTE_SAVES = {Route.GATHERED16: save_gathered16, Route.PER_PARAM: save_per_param}  # in the ranks
+ROUTE_SAVES = {Route.GATHERED16: save_gathered16, Route.PER_PARAM: save_per_param}  # the routes run in the ranks
 
 
 def parse_mode(mode: str) -> SaveMode | Route:
@@ -43,11 +43,6 @@ def parse_mode(mode: str) -> SaveMode | Route:
         raise UsageError(f"save mode {mode!r} is not one of {choices}") from None
 
 
-def collective_seconds(flag: float | None) -> float:
-    """Seconds a collective may wait: `flag`, else $ZCKPT_COLLECTIVE_TIMEOUT, else 600."""
-    return flag if flag is not None else float(os.environ.get("ZCKPT_COLLECTIVE_TIMEOUT", 600))
-
-
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
     """What rank 0 writes beside the checkpoints: the tokenizer (if any), and config.json (what `export` reads)."""
     if tokenizer is not None:
@@ -55,6 +50,14 @@ def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
     config = getattr(engine.module, "config", None)
     if config is not None and hasattr(config, "save_pretrained"):
         config.save_pretrained(folder)
+
+
+def save_plain(engine: Any, save_dir: Path, tag: str, step: int, state: dict[str, Any]) -> SaveOutcome:
+    """DeepSpeed's save alone (its own engine's files): no fsync, no hash, no manifest; rank 0 moves `latest`."""
+    start = time.perf_counter()
+    engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
+    seconds = time.perf_counter() - start
+    return SaveOutcome(tag, step, True, seconds=seconds, timings={"write": seconds})
 
 
 class Checkpointer:
@@ -69,37 +72,34 @@ class Checkpointer:
                  keep_last: int = 0, identity: dict[str, Any] | None = None,
                  collective_timeout: float | None = None) -> None:
         self.engine, self.output_dir, self.tokenizer = engine, Path(output_dir), tokenizer
-        self.mode = parse_mode(mode)
-        self.keep_last, self.identity = keep_last, identity or {}
-        self.timeout_s = collective_seconds(collective_timeout)
-        self.saver = AsyncSaver(engine, output_dir, self.identity, keep_last=keep_last, timeout_s=self.timeout_s) \
-            if self.mode == SaveMode.ASYNC else None
+        self.mode, self.keep_last, self.identity = parse_mode(mode), keep_last, identity or {}
+        install(engine)  # the package's checkpoint engine, given to DeepSpeed once
+        if self.mode in (SaveMode.COMMIT, SaveMode.ASYNC):
+            skip_crc32()  # each file is hashed as it is written (format.writer)
+        self.saver = AsyncSaver(engine, output_dir, self.identity, keep_last=keep_last,
+                                timeout_s=timeout_seconds(collective_timeout)) if self.mode == SaveMode.ASYNC else None
 
     def save(self, step: int, client_state: dict[str, Any] | None = None) -> SaveOutcome:
         """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank.
 
         Never raises for a failed write: `.committed` is False on every rank and `.error` says which rank, what and
-        where. An `async` save returns in flight (neither committed nor failed); a route returns once written.
+        where. An `async` save returns in flight (`.in_flight`); a route returns once written.
         """
         state, tag = dict(client_state or {}), tag_for(step)
         if self.mode in ROUTE_SAVES:
-            return self.save_route(step)
+            start = time.perf_counter()
+            ROUTE_SAVES[self.mode](self.engine, self.output_dir)
+            return SaveOutcome(self.mode, step, True, seconds=time.perf_counter() - start)
         if self.saver:
             self.saver.finish()  # at most one in flight (the worker has already waited, and reported it)
             return self.saver.save(tag, state, step, self.preparation(tag))
-        if not self.mode.durable:
-            return save_plain(self.engine, self.output_dir, tag, state)
+        if self.mode != SaveMode.COMMIT:
+            return save_plain(self.engine, self.output_dir, tag, step, state)
         outcome = save_committed(self.engine, self.output_dir, tag, state, step=step, identity=self.identity,
                                  prepare=self.preparation(tag))
         if outcome.committed and self.keep_last:  # the same on every rank, so every rank joins rotation's gather
             rotation.after_commit(self.output_dir, self.keep_last, outcome, self.node_local())
         return outcome
-
-    def save_route(self, step: int) -> SaveOutcome:
-        """One consolidated model into the output folder (`saving.routes`), on every rank; rank 0 writes it."""
-        start = time.perf_counter()
-        ROUTE_SAVES[self.mode](self.engine, self.output_dir)
-        return SaveOutcome(self.mode, step, True, seconds=time.perf_counter() - start)
 
     def poll(self) -> SaveOutcome | None:
         """At a step boundary: an asynchronous save's outcome once its background commit is done, else None."""
@@ -125,9 +125,8 @@ _OPEN: dict[tuple[int, str, str], Checkpointer] = {}  # save()'s checkpointers: 
 
 
 def save(engine: Any, output_dir: str | Path, *, step: int | None = None, mode: str = SaveMode.COMMIT,
-         tokenizer: Any = None,
-         client_state: dict[str, Any] | None = None, keep_last: int = 0, identity: dict[str, Any] | None = None,
-         collective_timeout: float | None = None) -> SaveOutcome:
+         tokenizer: Any = None, client_state: dict[str, Any] | None = None, keep_last: int = 0,
+         identity: dict[str, Any] | None = None, collective_timeout: float | None = None) -> SaveOutcome:
     """Save a ZeRO-3 checkpoint of `engine` from every rank (default step: the engine's `global_steps`)."""
     key = (id(engine), str(Path(output_dir).resolve()), mode)
     if key not in _OPEN or _OPEN[key].engine is not engine:
@@ -147,4 +146,3 @@ def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[
     files against the manifest and every file was unpickled weights-only; returns the saved client state."""
     tag = agreed_resume_tag(output_dir, None, tag)[0]  # an explicit tag is verified too
     return load_verified(engine, output_dir, tag)
-

@@ -1,8 +1,8 @@
-"""The commit protocol's object collectives, on this thread's process group.
-"""
+"""The commit protocol's object collectives, on this thread's process group, and how long a collective may wait."""
 
 from __future__ import annotations
 
+import os
 from contextvars import ContextVar
 from typing import Any
 
@@ -28,3 +28,8 @@ def gather(obj: Any) -> list[Any]:
         raise peer_failure(e, dist.get_rank(), "the commit protocol's agreement") from None
     meters.count_object_collective(out)  # DeepSpeed's comms logger does not see torch's object collectives
     return out
+
+
+def timeout_seconds(flag: float | None) -> float:
+    """Seconds a collective may wait for the other ranks: `flag`, else $ZCKPT_COLLECTIVE_TIMEOUT, else 600."""
+    return flag if flag is not None else float(os.environ.get("ZCKPT_COLLECTIVE_TIMEOUT", 600))

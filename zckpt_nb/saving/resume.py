@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.reshard import describe_conversion, ensure_universal
-from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import tag_to_resume, verify_tag
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.client_state import CLIENT_KEY, set_rng_state
 from zckpt_nb.format.layout import UNIVERSAL, committed_tags
 from zckpt_nb.format.manifest import read_manifest
 from zckpt_nb.saving.collective import gather
+from zckpt_nb.saving.engine import install
 
 
 def saved_world_size(ckpt_dir: str | Path) -> int | None:
@@ -82,62 +79,16 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
     return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, {**result["manifest"], "reused": result["reused"]}
 
 
-@cache
-def weights_only_loader() -> type:
-    """`WeightsOnlyLoader`, a subclass of DeepSpeed's `CheckpointEngine` (made on first use, so that importing this
-    module does not import DeepSpeed)."""
-    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
-
-    class WeightsOnlyLoader(CheckpointEngine):
-        """DeepSpeed's checkpoint engine with a weights-only `load`; create, save and commit are the engine's own.
-
-        The interface's other methods keep CheckpointEngine's defaults, which TorchCheckpointEngine does not override;
-        it stands in only for the duration of one `load_checkpoint` (`weights_only` below).
-        """
-
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner, self.name = inner, inner.name
-
-        def __getattr__(self, name: str) -> Any:  # what the engine adds beyond the interface (zipfile_serialization)
-            return getattr(self.inner, name)
-
-        def create(self, info: Any) -> Any:
-            return self.inner.create(info)
-
-        def save(self, state_dict: Any, path: str) -> None:
-            self.inner.save(state_dict, path)
-
-        def load(self, path: str, map_location: Any = None) -> Any:
-            return load(path, map_location=map_location)
-
-        def commit(self, info: Any) -> Any:
-            return self.inner.commit(info)
-
-    return WeightsOnlyLoader
-
-
-@contextmanager
-def weights_only(engine: Any) -> Iterator[None]:
-    """Route `engine.load_checkpoint`'s reads through `WeightsOnlyLoader` for the duration of the block."""
-    original = engine.checkpoint_engine
-    engine.checkpoint_engine = weights_only_loader()(original)
-    try:
-        yield
-    finally:
-        engine.checkpoint_engine = original
-
-
 def load_verified(engine: Any, load_dir: str | Path, tag: str, restore_rng: bool = True) -> dict[str, Any]:
     """Load model, optimizer, scheduler and client state from verified checkpoint `tag`; restore this rank's RNG
     when the client state holds the package's. Returns the client state.
 
     `restore_rng=False` for a universal load: every rank then reads rank 0's client state, not its own.
-    DeepSpeed's reads go through `weights_only`: a file holding anything but tensors and the types DeepSpeed writes
-    is refused before it can run code, even when its manifest was forged to match it.
+    DeepSpeed reads through the package's checkpoint engine (`saving.engine`), weights-only: a file holding anything
+    but tensors and the types DeepSpeed writes is refused before it can run code, even with a forged manifest.
     """
-    with weights_only(engine):
-        path, state = engine.load_checkpoint(str(load_dir), tag=tag)
+    install(engine)
+    path, state = engine.load_checkpoint(str(load_dir), tag=tag)
     if path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint {tag} to load in {load_dir}")
     if restore_rng and CLIENT_KEY in state:

@@ -1,11 +1,12 @@
-"""Real faults on demand, for the tests and notebook 05: `ZCKPT_FAULT=point:rank:step[:seconds]`.
+"""Real faults on demand, for the tests and the lessons: `ZCKPT_FAULT=point:rank:step[:seconds]`.
 
-The worker reads the variable and, when rank `rank` reaches `point` of the save at step `step`, does
-something that really happens to jobs: it SIGKILLs itself (`shards`, `before_commit`, `latest`, and
-`background`: between the two files of an asynchronous save's background write; after `seconds` if given), stalls
-like a write to a hung network filesystem (`stall`, for `seconds`), or fills the target filesystem the way a
-neighbour job's temporary file would (`fill`, removed again once the save is
-over). Nothing is mocked: the files, errors and dead processes are real.
+With the variable set, the worker gives DeepSpeed `FaultyEngine`, the package's checkpoint engine with the fault
+injected from outside the save path: when rank `rank` reaches `point` of the save at step `step`, it SIGKILLs itself
+(`shards`: between its two files; `background`: the same in an asynchronous save's background write;
+`before_commit`: its files written, before the agreement; `latest`: the manifest durable, before `latest` moves;
+each after `seconds` if given), stalls like a write to a hung network filesystem (`stall`, for `seconds`), or fills
+the target filesystem as a neighbour job's temporary file would (`fill`, removed once a write has met the full
+disk). Nothing is mocked: the files, errors and dead processes are real.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from zckpt_nb.format.layout import tag_step
+from zckpt_nb.saving.engine import SNAPSHOT, Files, ZckptEngine
 
 KILL_POINTS = ("shards", "before_commit", "latest", "background")
-
-
 POINTS = (*KILL_POINTS, "stall", "fill")
-
-
 FILL_LIMIT = 2**30  # refuse to fill a filesystem with more free space than this: only small test mounts
 
 
@@ -46,6 +47,7 @@ def armed(point: str, rank: int, step: int) -> float | None:
 
 
 FILLER = ".zckpt_fill"
+PROTOCOL_POINTS = {"written": "before_commit", "latest": "latest"}  # ZckptEngine.protocol_point -> fault point
 
 
 def fill(directory: Path) -> None:
@@ -77,10 +79,43 @@ def maybe(point: str, rank: int, step: int, directory: Path | None = None) -> No
         fill(directory)
 
 
-def release(rank: int, step: int, directory: Path) -> None:
-    """The neighbour's file goes away after the save (so the run can still write run.json and later saves)."""
-    if armed("fill", rank, step) is not None:
-        (directory / FILLER).unlink(missing_ok=True)
+class FaultyEngine(ZckptEngine):
+    """The package's checkpoint engine with the fault ZCKPT_FAULT names (`train.py` installs it when the variable is
+    set); the rank is torchrun's RANK, the step the one of the tag DeepSpeed is saving."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.rank, self.step, self.saved = int(os.environ.get("RANK", 0)), -1, 0
+
+    def create(self, info: Any) -> Any:
+        self.step, self.saved = tag_step(info.tag), 0  # DeepSpeed's first call of every save
+        return super().create(info)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        maybe("stall", self.rank, self.step)
+        if self.saved:
+            maybe("shards", self.rank, self.step)
+        else:
+            maybe("fill", self.rank, self.step, Path(path).parent.parent)
+        self.saved += 1
+        super().save(state_dict, path)
+
+    def write_file(self, state_dict: Any, path: Path, files: Files) -> None:
+        if files.written and files.how == SNAPSHOT:
+            maybe("background", self.rank, self.step)
+        try:
+            super().write_file(state_dict, path, files)
+        finally:  # the neighbour's file goes once a write has met the full disk: later saves and run.json fit
+            if armed("fill", self.rank, self.step) is not None:
+                (path.parent.parent / FILLER).unlink(missing_ok=True)
+
+    def protocol_point(self, point: str) -> None:
+        maybe(PROTOCOL_POINTS[point], self.rank, self.step)
+
+
+def engine_kind() -> type[ZckptEngine]:
+    """The checkpoint engine the worker installs: `FaultyEngine` when ZCKPT_FAULT is set."""
+    return FaultyEngine if os.environ.get("ZCKPT_FAULT") else ZckptEngine
 
 
 @contextmanager

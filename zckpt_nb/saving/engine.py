@@ -1,0 +1,193 @@
+"""The package's DeepSpeed checkpoint engine: one `CheckpointEngine` subclass, given to a DeepSpeed engine once.
+
+DeepSpeed hands every file of a save to its checkpoint engine's `save(state_dict, path)` and reads every file through
+its `load`: the engine is how DeepSpeed lets a writer in (`deepspeed/runtime/checkpoint_engine/`). `ZckptEngine` wraps
+the one DeepSpeed built from its config (`inner`) and
+- saves each file as the save in progress asks (`capture`): hashed and fsynced now (`HASHED`), or copied to host
+  memory and written later (`SNAPSHOT`); with no save in progress, DeepSpeed's own way (`plain`, DeepSpeed's writers,
+  any `save_checkpoint` the user makes). A write error is kept, not raised: DeepSpeed runs barriers between and after
+  its writes, and a rank raising there would leave the others waiting. The ranks compare errors afterwards;
+- loads every file weights-only (`convert.safeload`): nothing in a checkpoint runs code;
+- times `commit` and `cleanup`, where DeepSpeed's decoupled writer makes a later step wait.
+Its DeepSpeed engine needs the variables DeepSpeed's own launcher exports for the writers (`launcher_env`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+from zckpt_nb.convert.safeload import load
+from zckpt_nb.errors import describe_error
+from zckpt_nb.format.layout import node_rank
+from zckpt_nb.format.manifest import file_record
+from zckpt_nb.format.records import SaveMode
+from zckpt_nb.format.writer import DirectFile
+from zckpt_nb.measure.meters import pinned_host_bytes
+from zckpt_nb.saving import snapshot
+
+HASHED, SNAPSHOT = "hashed", "snapshot"  # how the save in progress wants its files
+WRITERS = {SaveMode.DS_PYTHON: {"type": "python", "decoupled": False},  # DeepSpeed's config: "checkpoint.writer"
+           SaveMode.DS_DECOUPLED: {"type": "python", "decoupled": True},
+           SaveMode.DS_FAST: {"type": "fast", "decoupled": False}}
+
+
+def writer_section(mode: str) -> dict[str, Any]:
+    """What DeepSpeed's "checkpoint" config section needs to select `mode`'s engine ({} for the package's own)."""
+    return {"writer": dict(WRITERS[mode])} if mode in WRITERS else {}
+
+
+def launcher_env() -> dict[str, str]:
+    """What `deepspeed.launcher.launch` exports and torchrun does not: this node's rank and the node count (without
+    them DeepSpeed's writers fail with KeyError: 'CROSS_SIZE')."""
+    nodes = int(os.environ.get("WORLD_SIZE", 1)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return {"CROSS_RANK": os.environ.get("GROUP_RANK", "0"), "CROSS_SIZE": str(max(nodes, 1))}
+
+
+class Files:
+    """One save's files on this rank: each one's path and SHA-256, the host copies still to write, the first error."""
+
+    def __init__(self, rank: int, how: str) -> None:
+        self.rank, self.how = rank, how
+        self.written: list[tuple[Path, str]] = []
+        self.snapshots: list[tuple[Path, Any]] = []
+        self.error: str | None = None
+        self.fsync_seconds = self.hash_seconds = self.write_seconds = 0.0
+        self.snapshot_bytes, self.pinned_bytes = 0, None
+
+    def fail(self, err: BaseException, path: str | Path, doing: str = "writing") -> None:
+        """Keep the first error, as one line naming this rank, what failed and where."""
+        if self.error is None:
+            self.error = describe_error(err, path, self.rank, doing)
+
+    def keep(self, state: Any, path: Path) -> None:
+        """A host copy of a file's state, fixed before training changes the tensors (`snapshot.host_copy`)."""
+        copied = snapshot.host_copy(state)
+        self.snapshots.append((path, copied))
+        self.snapshot_bytes += snapshot.storage_bytes(copied)
+        if snapshot.pins(state):  # torch's pinned pool rounds up to powers of two: up to 2x snapshot_bytes
+            self.pinned_bytes = pinned_host_bytes()
+
+    def records(self, tag_dir: Path) -> list[dict[str, Any]]:
+        """Manifest entries for the files this rank wrote."""
+        return [file_record(path, tag_dir, self.rank, sha) | {"node": node_rank()} for path, sha in self.written]
+
+
+class ZckptEngine(CheckpointEngine):
+    """DeepSpeed's checkpoint engine for zckpt_nb: hashed or snapshot saves with deferred errors, weights-only loads,
+    timed commits. `install` gives it to a DeepSpeed engine."""
+
+    def __init__(self, inner: CheckpointEngine) -> None:
+        super().__init__()
+        self.inner, self.name = inner, inner.name
+        self.files: Files | None = None  # the save in progress; None: DeepSpeed's own way
+        self.waits: list[tuple[float, float]] = []  # (start, seconds) of each commit and cleanup
+
+    @contextmanager
+    def capture(self, files: Files) -> Iterator[Files]:
+        """Within the block, every file DeepSpeed saves goes to `files` as `files.how` says."""
+        self.files = files
+        try:
+            yield files
+        finally:
+            self.files = None
+
+    def save(self, state_dict: Any, path: str) -> None:
+        files = self.files
+        if files is None:
+            self.inner.save(state_dict, path)
+        elif files.error is None:  # after an error, nothing more of this save is written
+            try:
+                files.keep(state_dict, Path(path)) if files.how == SNAPSHOT else \
+                    self.write_file(state_dict, Path(path), files)
+            except Exception as e:  # kept for the agreement; the partial file goes
+                files.fail(e, path)
+                Path(path).unlink(missing_ok=True)
+
+    def write_file(self, state_dict: Any, path: Path, files: Files) -> None:
+        """One file: DeepSpeed's own serialisation into the hashing writer (O_DIRECT, SHA-256, fsync)."""
+        with DirectFile(path) as out:
+            self.inner.save(state_dict, out)
+        files.written.append((path, out.hexdigest()))
+        files.fsync_seconds += out.fsync_seconds
+        files.hash_seconds += out.hash_seconds
+
+    def write_snapshots(self, files: Files) -> None:
+        """The host copies of an asynchronous save to their files (the background thread); the first error is kept."""
+        start = time.perf_counter()
+        try:
+            for path, state in files.snapshots:
+                if files.error:
+                    break
+                try:
+                    self.write_file(state, path, files)
+                except Exception as e:
+                    files.fail(e, path)
+                    path.unlink(missing_ok=True)
+        finally:
+            files.snapshots.clear()  # the memory goes back as soon as the files are on disk
+            files.write_seconds = time.perf_counter() - start
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        try:
+            self.inner.makedirs(path, exist_ok=exist_ok)
+        except OSError as e:
+            if self.files is None:
+                raise
+            self.files.fail(e, path, "creating")
+
+    def protocol_point(self, point: str) -> None:
+        """The commit protocol reached `point` ("written": the files are written, "latest": the manifest is durable
+        and `latest` moves next). Nothing happens here; a subclass may act (the fault tests kill the process)."""
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        return load(path, map_location=map_location)
+
+    def timed(self, call: Callable[..., Any], *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self.waits.append((start, time.perf_counter() - start))
+
+    def take_waits(self) -> list[tuple[float, float]]:
+        """(perf_counter start, seconds) of the commits and cleanups since the last call."""
+        waits, self.waits = self.waits, []
+        return waits
+
+    def create(self, info: Any) -> Any:
+        return self.inner.create(info)
+
+    def commit(self, info: Any) -> Any:
+        return self.timed(self.inner.commit, info)
+
+    def cleanup(self) -> None:
+        self.timed(self.inner.cleanup)
+
+    def is_decoupled(self) -> bool:
+        return self.inner.is_decoupled()
+
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        return self.inner.is_data_parallel_writer(dp_rank)
+
+    def set_commit_info(self, info: Any) -> None:
+        self.inner.set_commit_info(info)
+
+    def get_commit_info(self) -> Any:
+        return self.inner.get_commit_info()
+
+    def preserves_storage_sharing(self) -> bool:
+        return self.inner.preserves_storage_sharing()
+
+
+def install(engine: Any, kind: type[ZckptEngine] = ZckptEngine) -> ZckptEngine:
+    """`engine`'s checkpoint engine as a `ZckptEngine`: made once, around the one DeepSpeed built; the same after."""
+    if not isinstance(engine.checkpoint_engine, ZckptEngine):
+        engine.checkpoint_engine = kind(engine.checkpoint_engine)
+    return engine.checkpoint_engine
