@@ -4,15 +4,9 @@ import os
 
 import pytest
 
+from zckpt_nb.course.ranks import choose_world, lesson_dtype, lesson_placement, use_lesson_ranks
 from zckpt_nb.errors import UsageError
-from zckpt_nb.run.devices import (
-    Placement,
-    choose_world,
-    lesson_dtype,
-    lesson_placement,
-    node_placements,
-    use_lesson_ranks,
-)
+from zckpt_nb.run.devices import Placement, node_placements
 from zckpt_nb.run.launch import check_train_args, worker_env
 from zckpt_nb.run.options import TrainOptions
 
@@ -78,25 +72,25 @@ def test_a_notebook_runs_all_its_launches_on_one_kind_of_rank(gpus):
 
 def test_the_notebook_sentence_sets_cpu_ranks_for_the_kernel(monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 1))  # pretend: a 1-GPU laptop
+    monkeypatch.setattr("zckpt_nb.course.ranks.machine", lambda: ("cuda", 1))  # pretend: a 1-GPU laptop
     said = use_lesson_ranks([1, 2])
     assert "CPU ranks" in said and "2 ranks do not fit the 1 GPU here" in said
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     monkeypatch.delenv("DS_ACCELERATOR")
-    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 8))
+    monkeypatch.setattr("zckpt_nb.course.ranks.machine", lambda: ("cuda", 8))
     assert use_lesson_ranks([1, 2]).startswith("Every launch runs GPU ranks") and "DS_ACCELERATOR" not in os.environ
 
 
 def test_auto_dtype_follows_the_ranks(monkeypatch):
-    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 2))
+    monkeypatch.setattr("zckpt_nb.course.ranks.machine", lambda: ("cuda", 2))
     assert (lesson_dtype("auto"), lesson_dtype("fp32")) == ("bf16", "fp32")
-    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cpu", 0))
+    monkeypatch.setattr("zckpt_nb.course.ranks.machine", lambda: ("cpu", 0))
     assert (lesson_dtype("auto"), lesson_dtype("bf16")) == ("fp32", "bf16")
 
 
 def test_cpu_only_lessons_run_cpu_ranks_whatever_the_gpus(monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    monkeypatch.setattr("zckpt_nb.run.devices.machine", lambda: ("cuda", 8))  # the ranks would fit: CPU all the same
+    monkeypatch.setattr("zckpt_nb.course.ranks.machine", lambda: ("cuda", 8))  # the ranks would fit: CPU all the same
     said = use_lesson_ranks([3, 2, 3], cpu_only="the FSDP2 worker runs CPU ranks only")
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     assert said == ("Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), 2 and 3 of them per job: "

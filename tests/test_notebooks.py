@@ -15,6 +15,7 @@ import pytest
 
 from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.course.notebooks import execute, failed_checks, notebook_paths
+from zckpt_nb.course.ranks import lesson_dtype
 from zckpt_nb.examples.checkpoint_contents import FREEZE
 from zckpt_nb.format.layout import committed_tags, tag_for
 from zckpt_nb.lessons import claims, consolidation, failures, offline, save_modes, stall, worlds
@@ -35,7 +36,6 @@ from zckpt_nb.model import get_preset
 from zckpt_nb.plan.costs import predict
 from zckpt_nb.plan.interval import job_mtbf_seconds, lost_fraction, optimal_interval
 from zckpt_nb.plan.planning import Bandwidths, plan
-from zckpt_nb.run.devices import lesson_dtype
 from zckpt_nb.run.launch import RunResult
 
 NOTEBOOKS = notebook_paths(Path(__file__).resolve().parents[1] / "notebooks")

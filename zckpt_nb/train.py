@@ -109,7 +109,7 @@ def setup_distributed(timeout_s: float) -> tuple[str, str]:
 
     The rank's own accelerator decides (DeepSpeed's `get_accelerator`, which reads DS_ACCELERATOR), not whether a GPU
     exists: CPU ranks on a GPU box never touch CUDA, so none of them creates a context on GPU 0. A GPU rank takes
-    LOCAL_RANK among the GPUs it sees (simulated nodes see their own, `run.devices.node_placements`).
+    LOCAL_RANK among the GPUs it sees (simulated nodes are given their own).
     """
     import deepspeed
     from deepspeed.accelerator import get_accelerator

@@ -276,7 +276,7 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     `model="small"`, ...); a name it does not take is refused. `timeout=None` scales the bound with the preset, the
     steps and the ranks (`default_timeout`). `on_line` and `stop` go to `launch_module`: every output line, and an
     event that stops the job from any thread. On several nodes, call it once per node with its `nodes`
-    (`run.nodes`); `nproc` is the ranks of each node. `placement` (`run.devices.choose_world`) picks CPU ranks or
+    (`run.nodes`); `nproc` is the ranks of each node. `placement` (`run.devices.Placement`) picks CPU ranks or
     this launch's GPUs. `worker` is the module torchrun starts: the ZeRO-3 worker, or `zckpt_nb.train_fsdp` (FSDP2,
     the same options); a module name, so this layer never imports the entry points.
     """
