@@ -33,6 +33,7 @@ lab: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check zckpt_nb tests benchmarks
+	$(PY) -m vulture zckpt_nb --min-confidence 80
 
 bench: $(STAMP)
 	$(PY) benchmarks/compare_world_sizes.py --model tiny --nproc 1 2 3 4 --output_dir build/bench/compare --fresh

@@ -10,18 +10,17 @@ import pytest
 pytestmark = pytest.mark.fast  # make test-fast
 
 PKG = Path(__file__).resolve().parents[1] / "zckpt_nb"
-# Bottom to top; a module may import its own layer's modules and any lower layer's, never a higher one's.
+# The library bottom to top, then the course above it (docs/architecture.md). A module may import its own layer's
+# modules and any lower layer's, never a higher one's: no library module imports the course, and the save path
+# (saving/) imports nothing that launches or injects faults (run/).
 LAYERS = [
     ("foundation", ["zckpt_nb.errors", "zckpt_nb.format", "zckpt_nb.model", "zckpt_nb.data"]),
     ("measure", ["zckpt_nb.measure"]),
     ("convert and plan", ["zckpt_nb.convert", "zckpt_nb.plan"]),
     ("saving", ["zckpt_nb.saving"]),
     ("run", ["zckpt_nb.run"]),
-    ("lessons", ["zckpt_nb.lessons"]),
-    ("ui", ["zckpt_nb.ui"]),
-    ("entry points", ["zckpt_nb.train", "zckpt_nb.compare", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb.examples",
-                      "zckpt_nb"]),
-    ("course", ["zckpt_nb.course"]),  # above everything: no library module imports it
+    ("entry points", ["zckpt_nb.train", "zckpt_nb.compare", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb"]),
+    ("course", ["zckpt_nb.course", "zckpt_nb.lessons", "zckpt_nb.ui", "zckpt_nb.examples"]),
 ]
 
 

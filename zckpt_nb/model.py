@@ -1,8 +1,5 @@
-"""Model presets, the ZeRO-3 DeepSpeed config they train with, and building the model under ZeRO-3.
-
-The model is a GPT-2 style causal LM built from a `transformers` config (no hub download). Every
-number a notebook shows about "P parameters" starts from these presets.
-"""
+"""Model presets (GPT-2 style causal LMs built from a `transformers` config, no download), the ZeRO-3 DeepSpeed
+config they train with, and building the model under ZeRO-3."""
 
 from __future__ import annotations
 
@@ -18,12 +15,8 @@ from zckpt_nb.errors import UsageError
 
 @dataclass(frozen=True)
 class Preset:
-    """Shape of one GPT-2 style model and the batch it trains with.
-
-    `global_batch` sequences make one optimizer step whatever the world size (so a run resumed on another number
-    of ranks continues the same optimisation); `micro_batch` is the most one rank runs at once (more means
-    gradient accumulation).
-    """
+    """Shape of one GPT-2 style model and its batch: `global_batch` sequences per optimizer step whatever the world
+    size (a resume on another N continues the same optimisation); at most `micro_batch` at once on a rank."""
 
     vocab_size: int
     n_positions: int
@@ -37,8 +30,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # ~0.4M parameters: trains on 2 CPU ranks in seconds, loss falls well below ln(vocab)/2. Width 112 is not a
-    # multiple of 3, so N = 3 shows the padding ZeRO-3 adds (notebook 01).
+    # ~0.4M parameters: trains on 2 CPU ranks in seconds. Width 112 is not a multiple of 3: N = 3 shows ZeRO-3's padding
     "tiny": Preset(1024, 64, 112, 2, 4, micro_batch=8, seq_len=64, lr=3e-3, global_batch=16),
     # ~3.5M parameters: a CPU run of a few minutes.
     "small": Preset(2048, 128, 256, 4, 4, micro_batch=8, seq_len=128, lr=1e-3, global_batch=16),
@@ -46,8 +38,7 @@ PRESETS: dict[str, Preset] = {
     "medium": Preset(8192, 256, 768, 7, 12, micro_batch=4, seq_len=128, lr=3e-4, global_batch=8),
     # ~160M parameters: GPU only in practice.
     "large": Preset(8192, 512, 1024, 12, 16, micro_batch=8, seq_len=256, lr=3e-4, global_batch=16),
-    # ~296M parameters, 1.18 GB of fp32 weights: the ">= 1 GB" model for consolidation memory (docs/
-    # consolidation_costs.md). Its optimizer shards (3.5 GB) are written by a one-step 2-rank CPU run.
+    # ~296M parameters, 1.18 GB of fp32 weights: consolidation memory at scale (docs/consolidation_costs.md).
     "xl": Preset(8192, 256, 1536, 10, 16, micro_batch=2, seq_len=128, lr=1e-4, global_batch=4),
 }
 
@@ -64,21 +55,11 @@ def gpt2_config(name: str) -> Any:
     from transformers import GPT2Config
 
     p = get_preset(name)
-    return GPT2Config(
-        vocab_size=p.vocab_size,
-        n_positions=p.n_positions,
-        n_embd=p.n_embd,
-        n_layer=p.n_layer,
-        n_head=p.n_head,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        # No dropout (as nanoGPT pretrains): its masks would depend on which rank holds which sample, so a run
-        # resumed on another world size could not continue the same optimisation (notebook 07).
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
+    # No dropout (as nanoGPT pretrains): its masks would depend on which rank holds which sample, so a run resumed
+    # on another world size could not continue the same optimisation.
+    return GPT2Config(vocab_size=p.vocab_size, n_positions=p.n_positions, n_embd=p.n_embd, n_layer=p.n_layer,
+                      n_head=p.n_head, bos_token_id=0, eos_token_id=0, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0)
 
 
 def ln_vocab(name: str) -> float:
@@ -86,19 +67,9 @@ def ln_vocab(name: str) -> float:
     return math.log(get_preset(name).vocab_size)
 
 
-def ds_config(
-    name: str,
-    *,
-    steps: int,
-    world_size: int = 1,
-    global_batch: int | None = None,
-    bf16: bool = False,
-    gather_16bit_on_save: bool = False,
-    comms_logger: bool = False,
-    persistence_threshold: int = 0,
-    load_universal: bool = False,
-    node_local_storage: bool = False,
-) -> dict[str, Any]:
+def ds_config(name: str, *, steps: int, world_size: int = 1, global_batch: int | None = None, bf16: bool = False,
+              gather_16bit_on_save: bool = False, comms_logger: bool = False, persistence_threshold: int = 0,
+              load_universal: bool = False, node_local_storage: bool = False) -> dict[str, Any]:
     """The DeepSpeed ZeRO-3 config for preset `name` (one JSON-able dict, nothing hidden)."""
     p = get_preset(name)
     gas = accumulation_steps(global_batch or p.global_batch, world_size, p.micro_batch)
@@ -124,9 +95,8 @@ def ds_config(
         "bf16": {"enabled": bf16},
         "zero_optimization": {
             "stage": 3,
-            # Tensors of at most this many elements stay whole on every rank ("persistent"). The package teaches
-            # with 0, so each rank holds exactly its P/N share; DeepSpeed's default (1e5) keeps all of `tiny` but
-            # its embedding whole and re-gathers them after each save. Notebook 01 measures both.
+            # Tensors of at most this many elements stay whole on every rank ("persistent"); with 0 each rank holds
+            # exactly its P/N share (DeepSpeed's default, 1e5, keeps all of `tiny` but its embedding whole)
             "stage3_param_persistence_threshold": persistence_threshold,
             "stage3_gather_16bit_weights_on_model_save": gather_16bit_on_save,
             "overlap_comm": False,
@@ -151,12 +121,10 @@ def deepspeed_persistence_default() -> int:
 
 
 def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
-    """Build preset `name` partitioned across ranks; returns (model, the live HfDeepSpeedConfig).
+    """Build preset `name` partitioned across ranks; (model, the HfDeepSpeedConfig to keep alive with the engine).
 
-    Under transformers 5 the HfDeepSpeedConfig must be alive *before* `from_config`: transformers
-    then builds inside `deepspeed.zero.Init` and runs its own weight init on the partitioned tensors.
-    A bare `deepspeed.zero.Init()` context skips that init (step-0 loss ~41 instead of ln(vocab)).
-    Keep the returned config object referenced for as long as the engine lives.
+    Under transformers 5 the HfDeepSpeedConfig must be alive before `from_config`: transformers then builds inside
+    `deepspeed.zero.Init` and runs its weight init on the partitioned tensors (`build_model_bare` shows the trap).
     """
     from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
@@ -167,11 +135,8 @@ def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def build_model_bare(name: str, config: dict[str, Any]) -> tuple[Any, None]:
-    """The trap notebook 02 runs: `from_config` inside a bare `deepspeed.zero.Init`, no HfDeepSpeedConfig.
-
-    transformers 5 then skips its weight init on the partitioned tensors, and training starts from whatever
-    the memory held (step-0 loss far above ln(vocab)). Never use it for real work.
-    """
+    """The trap (`--init bare_zero_init`): `from_config` inside a bare `deepspeed.zero.Init`; transformers 5 skips its
+    weight init and training starts from whatever memory held (step-0 loss ~41, not ln(vocab))."""
     import deepspeed
     from transformers import AutoModelForCausalLM
 

@@ -1,9 +1,8 @@
 """Measure one save: wall time, peak memory by kind while it runs, bytes written, bytes moved by collectives.
 
-Nothing here is estimated. Bytes written are read from the files; collective bytes come from DeepSpeed's own comms
-logger (the `"comms_logger"` section of the DeepSpeed config): we snapshot its per-operation totals before and after
-the save and keep the difference, so each save gets its own figures. DeepSpeed's `deepspeed.comm.log_summary()`
-prints the same table, but it is itself collective (barriers); reading the logger's raw data is local to the rank.
+Nothing is estimated: bytes written are read from the files; collective bytes are the difference of DeepSpeed's
+comms-logger totals before and after the save (its raw data, local to the rank; `deepspeed.comm.log_summary()` prints
+the same table but is itself collective).
 """
 
 from __future__ import annotations
@@ -21,12 +20,7 @@ from typing import Any
 
 from zckpt_nb.format.records import SaveCost
 
-_device_peak_before_resets = 0  # GPU peak seen before a save reset the counter (for run.json's run-wide peak)
-
-
-_host_peak_before_resets = 0  # the same for the host's RSS high-water mark (VmHWM)
-
-
+PEAKS_BEFORE_RESETS = {"host": 0, "cuda": 0}  # the run-wide peaks seen before a save reset the counters
 OBJECT_COLLECTIVES = {"ops": 0, "bytes": 0}  # this process's torch object collectives (the commit protocol's)
 
 
@@ -47,11 +41,8 @@ def _libc() -> Any:
 
 
 def heap_in_use() -> int | None:
-    """Bytes malloc has handed out and not freed yet, over all arenas (glibc `mallinfo2`); None off glibc.
-
-    RSS alone misses a save's allocations when malloc reuses memory freed earlier (after training, it usually
-    does): pages already resident are reused and RSS does not move. Live heap bytes see every allocation.
-    """
+    """Bytes malloc has handed out and not freed yet, over all arenas (glibc `mallinfo2`); None off glibc. RSS misses
+    allocations into pages already resident (malloc reuses freed memory); live heap bytes see every one."""
     libc = _libc()
     if libc is None:
         return None
@@ -69,13 +60,9 @@ def rss_high_water() -> int | None:
 
 
 def reset_rss_high_water() -> bool:
-    """Restart VmHWM at the current RSS (Linux: write 5 to /proc/self/clear_refs); False where that is refused.
-
-    The peak before the reset is kept, so `host_peak_bytes` still reports the run-wide peak (getrusage's ru_maxrss
-    reads the same counter and is reset with it).
-    """
-    global _host_peak_before_resets
-    _host_peak_before_resets = max(_host_peak_before_resets, rss_high_water() or 0)
+    """Restart VmHWM at the current RSS (Linux: write 5 to /proc/self/clear_refs); False where that is refused. The
+    peak before is kept for `host_peak_bytes` (getrusage's ru_maxrss reads the same counter)."""
+    PEAKS_BEFORE_RESETS["host"] = max(PEAKS_BEFORE_RESETS["host"], rss_high_water() or 0)
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -87,19 +74,13 @@ def host_peak_bytes() -> int:
     """This process's peak RSS over its whole life, including before the saves' resets of VmHWM."""
     import resource
 
-    return max(_host_peak_before_resets, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
+    return max(PEAKS_BEFORE_RESETS["host"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
 
 
 class HostMemory:
-    """Peak RSS and peak live heap bytes of this process while a block runs.
-
-    The RSS peak is the kernel's own high-water mark, reset when the block starts, so no allocation escapes it however
-    short. Live heap bytes have no such counter (glibc keeps none) and are sampled in a background thread: every
-    `finest` seconds at first, then every tenth of the time elapsed, at most every `interval`. A save of 30 ms is so
-    seen about 20 times, where a fixed 50 ms saw none of it before it had freed its buffers; a long save is sampled
-    every 50 ms, since `mallinfo2` (about 30 us here) locks every malloc arena while it counts. The last sample is
-    taken when the block ends.
-    """
+    """Peak RSS (the kernel's high-water mark, reset at the start) and peak live heap bytes of this process while a
+    block runs. The heap has no such counter: a thread samples it every `finest` seconds at first, then every tenth of
+    the time elapsed, at most every `interval` (`mallinfo2` locks every arena), and once more at the end."""
 
     def __init__(self, interval: float = 0.05, finest: float = 0.001) -> None:
         import psutil
@@ -130,7 +111,7 @@ class HostMemory:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
         self._sample()
@@ -143,11 +124,8 @@ class HostMemory:
 
 
 def pinned_host_bytes() -> int:
-    """Pinned host memory torch's caching host allocator holds now, cached blocks included (on a GPU rank).
-
-    Each pinned block is rounded up to a power of two and kept after its tensor is freed, so this can be up to twice
-    the bytes asked for; torch's own counter (`torch.cuda.host_memory_stats`) is read, nothing estimated.
-    """
+    """Pinned host memory torch's caching host allocator holds now, cached blocks included (blocks are powers of two
+    and kept after their tensor is freed: up to twice the bytes asked for)."""
     import torch
 
     return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
@@ -157,15 +135,14 @@ class PeakCuda:
     """Peak allocated GPU memory while a block runs (torch's counter, reset at the start)."""
 
     def __enter__(self) -> PeakCuda:
-        global _device_peak_before_resets
         import torch
 
-        _device_peak_before_resets = max(_device_peak_before_resets, torch.cuda.max_memory_allocated())
+        PEAKS_BEFORE_RESETS["cuda"] = max(PEAKS_BEFORE_RESETS["cuda"], torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
         self.baseline = self.peak = torch.cuda.memory_allocated()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *_: object) -> None:
         import torch
 
         self.peak = torch.cuda.max_memory_allocated()
@@ -175,15 +152,12 @@ def device_peak_bytes() -> int:
     """This process's peak allocated GPU memory over its whole life, including before the saves' resets."""
     import torch
 
-    return max(_device_peak_before_resets, int(torch.cuda.max_memory_allocated()))
+    return max(PEAKS_BEFORE_RESETS["cuda"], int(torch.cuda.max_memory_allocated()))
 
 
 def count_object_collective(objects: list[Any]) -> None:
-    """Record one all_gather_object or broadcast_object_list: the pickled bytes of what every rank holds after it.
-
-    torch pickles each object into a byte tensor and moves those (plus one int64 size per object); DeepSpeed's comms
-    logger never sees these calls, so the commit protocol's own traffic is counted here.
-    """
+    """Count one all_gather_object: the pickled bytes every rank holds after it, plus an int64 size per object
+    (DeepSpeed's comms logger never sees torch's object collectives)."""
     import pickle
 
     OBJECT_COLLECTIVES["ops"] += 1
@@ -206,11 +180,8 @@ def comm_counts() -> dict[str, dict[int, int]] | None:
 
 def comm_delta(before: dict[str, dict[int, int]] | None,
                after: dict[str, dict[int, int]] | None) -> dict[str, dict[str, int]] | None:
-    """The operations logged between two `comm_counts` snapshots: op -> {'count', 'bytes', 'max_bytes'}.
-
-    'bytes' is DeepSpeed's message size times count: for an all-gather, what this rank contributed (its slice);
-    for a broadcast, the whole tensor on every rank.
-    """
+    """The operations logged between two `comm_counts` snapshots: op -> {'count', 'bytes', 'max_bytes'}; 'bytes' is
+    DeepSpeed's message size times count (an all-gather: this rank's slice; a broadcast: the whole tensor)."""
     if before is None or after is None:
         return None
     delta = {}
@@ -224,14 +195,9 @@ def comm_delta(before: dict[str, dict[int, int]] | None,
 
 
 def flush_writes() -> None:
-    """Write every dirty page back now (`os.sync`), so the route timed next does not pay for earlier files.
-
-    The 16-bit saves, the conversion and the export write through the page cache and return before the disk has
-    their bytes; the kernel writes them back later, in the middle of whatever runs then. On the 2-core development
-    machine that made one repeat of a save take twice as long as the next (docs/planning.md). Every route but the
-    in-training partitioned save calls this before its clock starts: that one's time is training's stall, which
-    pays for whatever the disk is still doing.
-    """
+    """Write every dirty page back now (`os.sync`), so the route timed next does not pay for earlier files written
+    through the page cache (one repeat took twice the next here, docs/planning.md). The in-training save does not:
+    its time is training's stall, which pays for whatever the disk is still doing."""
     os.sync()
 
 
