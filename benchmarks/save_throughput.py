@@ -1,7 +1,7 @@
 """How fast each save mode makes a checkpoint durable, against what the filesystem itself allows, and its stall.
 
 In one run, on the filesystem of --output_dir:
-1. one training launch per save mode (`zckpt_nb.lessons.stall.measure_modes`: plain, commit, async), saving every few
+1. one training launch per save mode (`measure_all` below: plain, commit, async), saving every few
    steps; per save, the slowest rank's stall and time to durable;
 2. two durable write limits with the same shape as a checkpoint: N processes at once, each writing one file of its
    rank's checkpoint bytes, with O_DIRECT + fsync (no page cache) and buffered + fsync;
@@ -30,9 +30,41 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.records import SaveMode
-from zckpt_nb.lessons import stall
-from zckpt_nb.run.launch import RunResult
+from zckpt_nb.run.launch import RunResult, fresh_dir, launch
+from zckpt_nb.run.logs import rank_errors
+
+NEEDS_ACCELERATOR = ("ds_fast",)  # FastPersist's writer: pinned buffers and async I/O, refused on CPU ranks
+
+
+def run_records(run_dir: Path, mode: str) -> list[dict[str, Any]]:
+    """Every save of every rank of the run in `run_dir` (its run.json), with the mode that made it; a later step's
+    wait for DeepSpeed's decoupled writer counts in the stall."""
+    run = RunResult.from_dir(Path(run_dir), [], 0.0)
+    return [{"mode": mode, "rank": r["rank"], "tag": s["tag"], "durable_seconds": s["durable_seconds"],
+             "stall_seconds": s["stall_seconds"] + (s.get("commit_wait_seconds") or 0.0),
+             "snapshot_bytes": s.get("snapshot_bytes") or 0} for r in run.ranks for s in r["saves"]]
+
+
+def launch_mode(model: str, nproc: int, mode: str, out: Path, steps: int, save_every: int) -> Path:
+    """One training launch with `--save_mode mode` into a fresh OUT/stall_<mode>; that folder."""
+    return launch(nproc, steps, fresh_dir(out / f"stall_{mode}"), save_every=save_every, model=model, save_mode=mode,
+                  verbose=False, progress=False, timeout=600).output_dir
+
+
+def measure_all(model: str, nproc: int, modes: list[str], tries: list[str], out: Path, *, steps: int,
+                save_every: int) -> tuple[list[dict[str, Any]], dict[str, str | None]]:
+    """One launch per mode of `modes`; each of `tries` once, its error line kept if it cannot run."""
+    records = [r for m in modes for r in run_records(launch_mode(model, nproc, m, out, steps, save_every), m)]
+    tried: dict[str, str | None] = {}
+    for mode in tries:
+        try:
+            records += run_records(launch_mode(model, nproc, mode, out, steps, save_every), mode)
+            tried[mode] = None
+        except LaunchError:
+            tried[mode] = rank_errors(out / f"stall_{mode}").get("rank 0", "no line from rank 0")
+    return records, tried
 
 CHUNK = 8 * 2**20  # one write call; a multiple of 4096, as O_DIRECT requires
 
@@ -138,8 +170,8 @@ def slowest(records: list[dict[str, Any]], mode: str, key: str) -> list[float]:
 def measure(model: str, nproc: int, out: Path, steps: int, save_every: int, dcp_repeats: int) -> dict[str, Any]:
     """The save modes, then the two write limits and the DCP anchors on the same filesystem; every figure and
     ratio."""
-    runs_here = [m for m in SaveMode if m not in stall.NEEDS_ACCELERATOR]
-    records, tried = stall.measure_all(model, nproc, runs_here, list(stall.NEEDS_ACCELERATOR), out, steps=steps,
+    runs_here = [m for m in SaveMode if m not in NEEDS_ACCELERATOR]
+    records, tried = measure_all(model, nproc, runs_here, list(NEEDS_ACCELERATOR), out, steps=steps,
                                        save_every=save_every)
     sizes = rank_bytes(out / "stall_commit")
     limits = {"o_direct_fsync": disk_limit(out / "limit_direct", sizes, True),

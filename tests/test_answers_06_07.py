@@ -1,46 +1,10 @@
-"""Notebooks 06 and 07: exercise answers speak of the parameter the learner changed, against the default's figure,
-and the summary and tables say each figure once (unit tests on hand-made records, no launch)."""
+"""Notebook 07: exercise answers speak of the parameter the learner changed, against the default's figure, and the
+tables say each figure once (unit tests on hand-made records, no launch)."""
 
 import pytest
 
-from zckpt_nb.lessons import save_modes, stall, worlds
+from zckpt_nb.lessons import worlds
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
-from zckpt_nb.lessons.compare import predicted_for
-from zckpt_nb.plan.costs import predict
-
-
-def record(mode, n, rank, logged, ops=None):
-    return {"model": "tiny", "dtype": "fp32", "persistence_threshold": 0, "mode": mode, "world_size": n,
-            "rank": rank, "logged_comm_bytes": logged, "logged_comm_ops": ops or {}}
-
-
-# not fast: the cost model builds the preset on the meta device (imports transformers)
-def test_the_world_size_answer_sets_the_run_against_the_default_and_the_default_against_three():
-    at_3 = [record("gathered16", 3, 0, 4096), record("partitioned", 3, 0, 40, {"barrier": 2})]
-    said = save_modes.world_answer(at_3, default_n=2)
-    two = predicted_for(predict("tiny", 2), "gathered16", 0)["predicted_comm_bytes"]
-    assert said.startswith("This run measured N = 3 (the default is 2)")
-    assert f"gathered16 4.0 KiB (the cost model: {two / 1024:,.1f} KiB at N = 2)" in said
-    assert "Most: gathered16" in said and "The partitioned save moved 40 B, about 1/102 of gathered16's" in said
-    persistent = [record("partitioned", 3, 0, 2000, {"all_gather_into_tensor": 2}), record("per_param", 3, 0, 1000)]
-    assert "moved 2,000 B, 2.00x per_param's: not negligible" in save_modes.world_answer(persistent, default_n=2)
-    at_2 = [record("gathered16", 2, 0, 4096)]
-    assert "at N = 3)" in save_modes.world_answer(at_2, default_n=2) and "(the default)" in save_modes.world_answer(
-        at_2, default_n=2)
-
-
-def save(tag, stall_s, durable=None, wait=0.0):
-    return {"tag": tag, "committed": True, "stall_seconds": stall_s, "durable_seconds": durable,
-            "commit_wait_seconds": wait}
-
-
-@pytest.mark.fast
-def test_the_decoupled_answer_calls_a_difference_within_chance_a_tie():
-    plain = [stall.save_record("plain", 0, save(t, s)) for t, s in (("a", 0.03), ("b", 0.02), ("c", 0.04))]
-    close = [stall.save_record("ds_decoupled", 0, save(t, s)) for t, s in (("a", 0.031), ("b", 0.021), ("c", 0.04))]
-    assert "a tie with plain" in stall.decoupled_sentence(plain + close)
-    far = [stall.save_record("ds_decoupled", 0, save(t, 0.03, wait=0.7)) for t in "abc"]
-    assert "more than plain, beyond chance" in stall.decoupled_sentence(plain + far)
 
 
 @pytest.mark.fast
@@ -66,36 +30,6 @@ def test_the_resume_table_shows_a_conversion_only_where_the_job_made_it():
                                            "max |loss difference| (nats per token)": "2.4e-07"}]
     made = row | {"loaded from": "a universal copy it made"}
     assert "conversion (s)" in worlds.resume_table([row, made])[0]
-
-
-@pytest.mark.fast
-def test_the_summary_of_06_has_one_row_per_finding_and_no_interval_without_a_durable_mode():
-    rows = [{"collective bytes: predicted = logged": True, "worst payload error (%)": 0.0}]
-    records = [{"predicted_extra_peak_bytes": 100, "measured_extra_peak_bytes": 110}]
-    stalls = stall.summary([stall.save_record("plain", 0, save("a", 0.02))])
-    memory = [{"snapshot MiB": 0.0}]
-    table = save_modes.summary_rows(rows, records, stalls, [], memory, [])
-    assert [r["section"] for r in table] == ["1", "1", "2", "2", "3", "4", "5"]
-    assert table[1]["this run"].startswith("1 of 1 predicted peaks within 25%")
-    assert table[3]["this run"] == f"plain {stall.NEVER}"
-    assert table[4]["this run"] == "not measured" and table[6]["this run"] == "no durable mode ran"
-
-
-@pytest.mark.fast
-def test_a_sampled_peak_below_its_prediction_is_a_lower_bound_and_one_above_is_a_miss():
-    def rec(predicted, measured):
-        return {"mode": "gathered16", "world_size": 2, "rank": 1, "predicted_extra_peak_bytes": predicted,
-                "measured_extra_peak_bytes": measured, "measured_memory_kind": "host heap"}
-
-    below = save_modes.memory_agreement([rec(100, 100), rec(100, 50)])
-    assert "1 of 2 predicted extra peaks lie within 25%" in below and "Nothing here refutes" in below
-    assert "Below it: gathered16 at N = 2, rank 1, measured" in below and "lower bound" in below
-    above = save_modes.memory_agreement([rec(100, 100), rec(100, 150)])
-    assert "Above it: gathered16" in above and "a miss of the model" in above and "Below it" not in above
-    assert "gathered16 rank 1 above it (a miss)" in save_modes.memory_summary([rec(100, 100), rec(100, 150)])
-    unseen = save_modes.memory_agreement([rec(100, 100), rec(0, 2**20) | {"mode": "hf", "rank": 0}])
-    assert "no extra memory for 1 more save that measured some" in unseen and "hf at N = 2, rank 0, 1.000 MiB" \
-        in unseen and "refutes" not in unseen
 
 
 @pytest.mark.fast

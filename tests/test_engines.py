@@ -1,12 +1,20 @@
 """DeepSpeed's own checkpoint engines as save modes under torchrun: real 2-rank runs, what they write, their stall."""
 
-
 import pytest
 
+from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.layout import latest_name
-from zckpt_nb.lessons import stall
 from zckpt_nb.run.launch import launch
+from zckpt_nb.run.logs import rank_errors
 from zckpt_nb.saving import engine
+
+
+def run_saves(run) -> list[dict]:
+    """Every save of every rank of `run` (its run.json), in rank order."""
+    return [{"rank": r["rank"], "tag": s["tag"], "durable_seconds": s["durable_seconds"],
+             "later_wait_seconds": s.get("commit_wait_seconds") or 0.0,
+             "stall_seconds": s["stall_seconds"] + (s.get("commit_wait_seconds") or 0.0)}
+            for r in run.ranks for s in r["saves"]]
 
 
 def test_the_launcher_variables_are_set_as_deepspeeds_launcher_would(monkeypatch):
@@ -27,7 +35,7 @@ def test_deepspeeds_engines_save_under_torchrun(mode, tmp_path):
 
     run = launch(2, 4, tmp_path / mode, save_every=2, model="tiny", save_mode=mode, verbose=False,
                  progress=False, timeout=300)
-    saves = stall.run_records(run.output_dir, mode)
+    saves = run_saves(run)
     assert [(s["rank"], s["tag"]) for s in saves] == [(0, "global_step2"), (0, "global_step4"),
                                                       (1, "global_step2"), (1, "global_step4")]
     assert all(s["durable_seconds"] is None for s in saves)  # nothing is fsynced
@@ -47,6 +55,9 @@ def test_fastpersists_writer_is_tried_and_its_error_told_in_one_line(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the fast writer may run: this checks the CPU-only answer")
-    line = stall.attempt("tiny", 2, "ds_fast", tmp_path, steps=2, save_every=1, timeout=300)
-    assert line == "RuntimeError: Cannot access accelerator device when none is available."
-    assert not (tmp_path / "stall_ds_fast" / "latest").exists()
+    with pytest.raises(LaunchError):
+        launch(2, 2, tmp_path / "ds_fast", save_every=1, model="tiny", save_mode="ds_fast", verbose=False,
+               progress=False, timeout=300)
+    assert set(rank_errors(tmp_path / "ds_fast").values()) == {
+        "RuntimeError: Cannot access accelerator device when none is available."}
+    assert not (tmp_path / "ds_fast" / "latest").exists()

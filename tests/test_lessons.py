@@ -10,28 +10,11 @@ import pytest
 from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.layout import RANK_FILE, latest_name
 from zckpt_nb.format.sizes import exact_ratio
-from zckpt_nb.lessons import claims
-from zckpt_nb.lessons.compare import op_differences
 from zckpt_nb.model import deepspeed_persistence_default, ln_vocab, meta_model
 from zckpt_nb.plan.costs import persistent, predict, tensor_numels
 from zckpt_nb.run import faults
 from zckpt_nb.run.launch import launch
 from zckpt_nb.run.logs import rank_lines
-
-
-def test_agreement_verdict_follows_the_agreement_table():
-    good = {"mode": "partitioned", "N": 2, "worst payload error (%)": 0.0, "collective bytes: predicted = logged": True}
-    bad = dict(good, mode="gathered16", N=1, **{"collective bytes: predicted = logged": False})
-    assert claims.agreement_verdict([good]).startswith("The predicted collective bytes equal")
-    assert "differ from the logged ones for 1 of 2 (mode, N) pairs (gathered16 at N = 1)" in \
-        claims.agreement_verdict([good, bad])
-
-
-def test_op_differences_list_the_ops_that_differ_with_both_figures():
-    r = {"predicted_comm_ops": {"all_gather_into_tensor": 100, "broadcast": 50},
-         "logged_comm_op_bytes": {"all_gather_into_tensor": 60, "broadcast": 50}, "logged_comm_ops": {
-             "all_gather_into_tensor": 3, "broadcast": 2}}
-    assert op_differences(r) == ["all_gather_into_tensor: logged 60 B in 3 ops, predicted 100 B"]
 
 
 def test_exact_ratio_and_persistent_tensors():

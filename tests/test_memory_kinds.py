@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from zckpt_nb.lessons.compare import memory_by_kind, memory_ratio
+from zckpt_nb.compare import record
 from zckpt_nb.measure.meters import measure
 from zckpt_nb.plan.costs import predict
 from zckpt_nb.run.launch import launch
@@ -21,31 +21,34 @@ def test_a_cpu_save_records_host_rss_and_heap_and_no_cuda_figures():
     assert cost.cuda_peak_bytes is None and cost.cuda_extra_peak_bytes is None and cost.pinned_host_bytes is None
 
 
-def _cost(mode, rank, heap, cuda=None):
-    return {"mode": mode, "rank": rank, "extra_peak_bytes": 3 * heap, "heap_extra_peak_bytes": heap,
-            "cuda_extra_peak_bytes": cuda, "pinned_host_bytes": None}
+def _record(mode, rank, heap, device, dtype, cuda=None):
+    """The compare record of one route's cost on `rank`, as a run on `device` would have measured it."""
+    run = {"model": "tiny", "world_size": 2, "dtype": dtype, "persistence_threshold": 0, "device": device}
+    cost = {"mode": mode, "rank": rank, "extra_peak_bytes": 3 * heap, "heap_extra_peak_bytes": heap,
+            "cuda_extra_peak_bytes": cuda, "pinned_host_bytes": None, "files": [], "bytes_written": 0,
+            "comm_bytes": 0, "comm_ops": {}, "peak_memory_bytes": 4 * heap, "seconds": 0.1}
+    return record(run, cost, {})
 
 
 @pytest.mark.fast
 def test_on_cpu_ranks_every_term_is_host_memory():
     pred = predict("tiny", 2, "fp32")
-    row = memory_by_kind(pred, _cost("gathered16", 0, 10), "cpu")
-    assert row["predicted_extra_peak_bytes"] == pred.saves["gathered16"].extra_peak_bytes(0)
-    assert row["measured_extra_peak_bytes"] == 10 and row["measured_memory_kind"] == "host heap"
-    assert row["predicted_cuda_extra_peak_bytes"] is None and "CUDA" not in memory_ratio({**row})
+    row = _record("gathered16", 0, 10, "cpu", "fp32")
+    assert row.predicted_extra_peak_bytes == pred.saves["gathered16"].extra_peak_bytes(0)
+    assert row.measured_extra_peak_bytes == 10 and row.measured_memory_kind == "host heap"
+    assert row.predicted_cuda_extra_peak_bytes is None
 
 
 @pytest.mark.fast
 def test_on_gpu_ranks_gather_buffers_are_compared_with_cuda_allocated_only():
     pred = predict("tiny", 2, "bf16")
     full, buffers = (m.rank0_bytes for m in pred.saves["gathered16"].memory)
-    row = memory_by_kind(pred, _cost("gathered16", 0, 10, cuda=buffers), "cuda:0")
-    assert row["predicted_extra_peak_bytes"] == full  # host: rank 0's copy
-    assert row["predicted_cuda_extra_peak_bytes"] == buffers
-    assert row["measured_extra_peak_bytes"] == 10  # the heap, never CUDA bytes
-    assert memory_ratio(row).endswith("CUDA 1.00")
-    offline = memory_by_kind(pred, _cost("offline", 0, 10), "cuda:0")  # one CPU process on any machine
-    assert offline["predicted_cuda_extra_peak_bytes"] is None
+    row = _record("gathered16", 0, 10, "cuda:0", "bf16", cuda=buffers)
+    assert row.predicted_extra_peak_bytes == full  # host: rank 0's copy
+    assert row.predicted_cuda_extra_peak_bytes == row.measured_cuda_extra_peak_bytes == buffers
+    assert row.measured_extra_peak_bytes == 10  # the heap, never CUDA bytes
+    offline = _record("offline", 0, 10, "cuda:0", "bf16")  # one CPU process on any machine
+    assert offline.predicted_cuda_extra_peak_bytes is None
 
 
 @pytest.mark.fast

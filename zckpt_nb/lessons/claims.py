@@ -9,17 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 
-def agreement_verdict(rows: list[dict[str, Any]]) -> str:
-    """The cost model's verdict over `compare.agreement` rows: matched or not, and where not."""
-    missed = [f"{r['mode']} at N = {r['N']}" for r in rows if not r["collective bytes: predicted = logged"]]
-    worst = max((r["worst payload error (%)"] for r in rows), default=0)
-    payload = f"the worst payload error is {worst}%"
-    if not missed:
-        return f"The predicted collective bytes equal the logged ones for all {len(rows)} (mode, N) pairs; {payload}."
-    return (f"The predicted collective bytes differ from the logged ones for {len(missed)} of {len(rows)} (mode, N) "
-            f"pairs ({', '.join(missed)}): the per-op evidence is listed above; {payload}.")
-
-
 def memory_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) -> str:
     """How many measured extra peaks lie within `tolerance` of the cost model's terms, and the furthest one."""
     rated = [r for r in rows if r["predicted MiB"]]

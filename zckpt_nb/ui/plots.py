@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from statistics import median
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -12,7 +11,6 @@ from matplotlib.ticker import MaxNLocator
 
 from zckpt_nb.convert.inspect import CheckpointInfo
 from zckpt_nb.format.records import Route
-from zckpt_nb.lessons.compare import IN_GPU_RANKS
 
 
 def add_caption(fig: Figure, caption: str) -> Figure:
@@ -128,72 +126,6 @@ def plot_save_costs(costs: Sequence[dict], *, title: str, caption: str) -> Figur
     return add_caption(fig, caption)
 
 
-def _paired_bars(ax, labels: list[str], first: list[float], second: list[float] | None, names: tuple[str, str],
-                 legend: bool = True) -> None:
-    """Bars for `first` (and `second` beside it, when given) over the same labels; `legend`: one in the axes."""
-    xs = range(len(labels))
-    width = 0.4 if second is not None else 0.8
-    ax.bar([x - (width / 2 if second is not None else 0) for x in xs], first, width, label=names[0])
-    if second is not None:
-        ax.bar([x + width / 2 for x in xs], second, width, label=names[1])
-    ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
-    if legend:
-        ax.legend(fontsize=7)
-
-
-def plot_compare(records: list[dict], *, title: str, caption: str) -> Figure:
-    """Four panels per (mode, N, rank): bytes written, peak memory, seconds, collective bytes; predicted vs measured."""
-    labels = [f"{r['mode']} N={r['world_size']} " + ("process" if r["mode"] not in IN_GPU_RANKS else f"r{r['rank']}")
-              for r in records]  # the offline routes run in one process after training, not on a rank
-    kib, mib = 2**10, 2**20
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
-    (a, b), (c, d) = axes
-    _paired_bars(a, labels, [r["predicted_bytes"] / kib for r in records],
-                 [r["measured_payload_bytes"] / kib for r in records], ("predicted", "measured payload"), False)
-    a.set(title="Bytes written per rank", ylabel="bytes written (KiB)")
-    _paired_bars(b, labels, [r["predicted_extra_peak_bytes"] / mib for r in records],
-                 [r["measured_extra_peak_bytes"] / mib for r in records], ("predicted", "measured"), False)
-    kind = records[0].get("measured_memory_kind", "host heap") if records else "host heap"  # never CUDA bytes
-    b.set(title="Extra host memory at the save's peak, per rank", ylabel=f"extra peak {kind} (MiB)")
-    _paired_bars(c, labels, [r["seconds"] for r in records], None, ("wall time", ""), False)
-    for bar in c.patches:  # measured only: the colour of the measured bars
-        bar.set_color("C1")
-    c.set(title="Time per rank, measured", ylabel="wall time (s)")
-    _paired_bars(d, labels, [r["predicted_comm_bytes"] / kib for r in records],
-                 [(r["logged_comm_bytes"] or 0) / kib for r in records], ("predicted", "comms logger"), False)
-    d.set(title="Bytes moved by collectives per rank", ylabel="collective bytes (KiB)")
-    for ax in axes.flat:
-        ax.set_xlabel("save mode, world size, rank (or the one process of an offline route)")
-    fig.suptitle(title)
-    from matplotlib.patches import Patch
-
-    # one legend for the four panels, beside the top right one: never over a bar (each y label names the kind)
-    b.legend(handles=[Patch(color="C0", label="cost model\n(left bar)"),
-                      Patch(color="C1", label="measured\n(right bar)")], loc="upper left", bbox_to_anchor=(1.01, 1),
-             fontsize=8)
-    return add_caption(fig, caption)
-
-
-def plot_against_model(summary: Sequence[dict], model_bytes: int, *, title: str, caption: str) -> Figure:
-    """Per route, what was gathered, broadcast, allocated on rank 0 and written by rank 0, in units of the full
-    model (P x bytes per parameter): the seed's table predicts 1 for a consolidated save."""
-    mib = model_bytes / 2**20
-    metrics = {"all-gathered": lambda r: r["all-gathered / model"], "broadcast": lambda r: r["broadcast / model"],
-               "rank-0 extra heap": lambda r: (r["extra heap MiB, rank 0"] if r["extra heap MiB, rank 0"] != "-"
-                                               else 0) / mib,
-               "rank-0 written": lambda r: r["written MiB, rank 0"] / mib}
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    width = 0.8 / len(metrics)
-    for i, (name, value) in enumerate(metrics.items()):
-        ax.bar([x + i * width for x in range(len(summary))], [value(r) for r in summary], width, label=name)
-    ax.set_xticks([x + width * (len(metrics) - 1) / 2 for x in range(len(summary))], [r["route"] for r in summary])
-    ax.axhline(1.0, color="black", ls=":", lw=1, label="one full model (P x 4 B)")
-    ax.set(title=title, xlabel="route", ylabel="bytes / full model bytes (ratio)")
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    return add_caption(fig, caption)
-
-
 def plot_bytes_by_kind(parts: dict[str, dict[str, int]], *, title: str, caption: str) -> Figure:
     """One stacked bar per checkpoint layout (e.g. a save and its universal copy), split by kind of file."""
     fig, ax = plt.subplots(figsize=(6, 3.4))
@@ -205,50 +137,6 @@ def plot_bytes_by_kind(parts: dict[str, dict[str, int]], *, title: str, caption:
         bottom = [b + s for b, s in zip(bottom, sizes)]
     ax.set(title=title, xlabel="checkpoint layout", ylabel="bytes on disk (MiB)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    return add_caption(fig, caption)
-
-
-def plot_stall(records: list[dict], *, title: str, caption: str) -> Figure:
-    """Per save mode and rank, the median over its saves: seconds training stopped, and seconds until durable."""
-    labels = list(dict.fromkeys(f"{r['mode']} r{r['rank']}" for r in records))
-
-    def med(label: str, key: str) -> float:
-        values = [r[key] for r in records if f"{r['mode']} r{r['rank']}" == label and r[key] is not None]
-        return median(values) if values else 0.0  # 0: never durable (DeepSpeed's plain save)
-
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    _paired_bars(ax, labels, [med(x, "stall_seconds") for x in labels], [med(x, "durable_seconds") for x in labels],
-                 ("training stopped", "until durable (0: never)"))
-    ax.set(title=title, xlabel="save mode and rank", ylabel="median over saves (s)")
-    return add_caption(fig, caption)
-
-
-def plot_save_timeline(runs: dict[str, dict], *, title: str, caption: str) -> Figure:
-    """Per save mode (one panel) and rank (one lane), the training loop on that rank's clock: step starts (ticks),
-    each save's stall (red) and, below it, the time until that save was durable (orange)."""
-    from matplotlib.patches import Patch
-
-    lanes = sum(len(run["ranks"]) for run in runs.values())
-    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.2 + 0.7 * lanes), sharex=True, squeeze=False)
-    for ax, (mode, run) in zip(axes[:, 0], runs.items()):
-        for y, rank in enumerate(run["ranks"]):
-            saves = rank["saves"]
-            ax.broken_barh([(0, rank["loop_seconds"])], (y - 0.25, 0.5), color="lightgray")
-            ax.vlines(rank["step_starts"], y - 0.25, y + 0.25, color="dimgray", lw=0.6)
-            stalls = [(s["started_at"], s["stall_seconds"]) for s in saves]  # and a later step's wait (decoupled)
-            stalls += [(s["commit_wait_at"], s["commit_wait_seconds"]) for s in saves if "commit_wait_at" in s]
-            ax.broken_barh(stalls, (y - 0.25, 0.5), color="tab:red")
-            ax.broken_barh([(s["started_at"], s["durable_seconds"]) for s in saves if s["durable_seconds"]],
-                           (y - 0.42, 0.12), color="tab:orange")
-        ax.set_yticks(range(len(run["ranks"])), [f"rank {r['rank']}" for r in run["ranks"]])
-        ax.set_title(f"--save_mode {mode}", fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("seconds since the training loop began on each rank (s)")
-    axes[0, 0].legend(handles=[Patch(color="lightgray", label="training (ticks: step starts)"),
-                               Patch(color="tab:red", label="stall: training stopped by the save"),
-                               Patch(color="tab:orange", label="save call until durable")],
-                      fontsize=7, loc="upper right", bbox_to_anchor=(1, 1.6), ncol=3)
-    fig.suptitle(title)
-    fig.tight_layout()
     return add_caption(fig, caption)
 
 
