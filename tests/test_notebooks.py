@@ -18,18 +18,8 @@ from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.course.notebooks import execute, failed_checks, notebook_paths
 from zckpt_nb.course.panel import probe_dir
 from zckpt_nb.course.ranks import lesson_dtype
-from zckpt_nb.examples.checkpoint_contents import FREEZE
 from zckpt_nb.format.layout import committed_tags, tag_for
 from zckpt_nb.lessons import claims, consolidation, failures, offline, worlds
-from zckpt_nb.lessons.contents import (
-    bf16_sentence,
-    excluded_sentence,
-    fine_tune_sentence,
-    freeze_answer,
-    frozen_sentence,
-    holdings_rows,
-    nproc_answer,
-)
 from zckpt_nb.lessons.dcp import dcp_rows, fsdp_answer, leg_gaps, round_trip_sentence, switch_answer, tolerance
 from zckpt_nb.lessons.nodes import folder_rows
 from zckpt_nb.lessons.own_model import drop_answer, max_difference, partition_answer
@@ -115,7 +105,7 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["02"]), **parameters}
     held = passed_checks(nb)
     assert len([line for line in held if "resume" in line]) == 3, held
-    printed = [re.fullmatch(r"step (\d+) loss (\S+) lr (\S+)", line) for name in ("minimal", "minimal_resumed")
+    printed = [re.search(r"step (\d+) loss ([\d.e+-]+) lr ([\d.e+-]+)", line) for name in ("minimal", "minimal_resumed")
                for line in (runs / f"{name}.log").read_text().splitlines()]
     full, resumed = {}, {}
     for m in filter(None, printed):
@@ -128,20 +118,14 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
 
 def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
-    """Notebook 03's verdicts and exercises' answers equal the ones its own run's files give."""
-    text = markdown_outputs(nb)
-    loads = json.loads((runs / "loads.json").read_text())
-    rows = holdings_rows(runs)
-    p = loads["counts"]["frozen"] + loads["counts"]["trainable"]
-    assert p == inspect_checkpoint(runs / "fp32").num_params
-    nproc = {**parameter_defaults(BY_PREFIX["03"]), **parameters}["NPROC"]
-    assert inspect_checkpoint(runs / "bf16").world_size == nproc
-    assert rows[3]["frozen weights (MiB)"] == 0 < rows[2]["frozen weights (MiB)"]
+    """Notebook 03 checked bf16, the frozen saves and the three warm-start loads, on the files it wrote."""
     get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
-    assert frozen_sentence(rows, loads["counts"]) in text and bf16_sentence(rows, p, runs) in text
-    assert freeze_answer(rows, loads, get["FREEZE"], FREEZE, "tiny") in text  # exercise 1's answer
-    assert nproc_answer(runs, p, nproc, "tiny") in text  # exercise 2's answer
-    assert excluded_sentence(loads) in text and fine_tune_sentence(loads) in text
+    held = passed_checks(nb)
+    assert len(held) == 9, held
+    assert any(f"got {get['LOAD_TAG']}'s weights exactly" in line for line in held)
+    for name in ("fp32", "bf16", "frozen", "frozen_excluded"):
+        assert inspect_checkpoint(runs / name).world_size == get["NPROC"]
+    assert inspect_checkpoint(runs / "warm", "older").num_params == predict("tiny", 1).num_params
 
 
 def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
