@@ -17,12 +17,12 @@ import platform
 import sys
 from pathlib import Path
 
+from route_costs import cost_summary, seed_vs_measured, text_table  # benchmarks/route_costs.py
+
 from zckpt_nb.convert.export import measure_export
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
 from zckpt_nb.format.units import counted
-from zckpt_nb.lessons.consolidation import cost_summary, seed_vs_measured
 from zckpt_nb.run.launch import fresh_dir, launch
-from zckpt_nb.ui.tables import table
 
 
 def ratios(summary: list[dict], num_params: int) -> list[dict]:
@@ -63,9 +63,9 @@ def main() -> None:
           f"N = {counted(run.world_size, run.device + ' rank')}, {os.cpu_count()} CPU cores, "
           f"Python {platform.python_version()}")
     print(f"command: python {' '.join(sys.argv)}\n")
-    print(table(summary).data, "\n")
-    print(table(seed_vs_measured(costs, run.num_params)).data, "\n")
-    print(table(ratios(summary, run.num_params)).data)
+    print(text_table(summary), "\n")
+    print(text_table(seed_vs_measured(costs, run.num_params)), "\n")
+    print(text_table(ratios(summary, run.num_params)))
     print(f"\nrecords: {Path(out, 'costs.json')}")
 
 

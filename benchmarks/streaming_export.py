@@ -16,9 +16,10 @@ import os
 import platform
 import sys
 
-from zckpt_nb.lessons import offline
+import offline_routes as offline  # benchmarks/offline_routes.py
+from route_costs import text_table
+
 from zckpt_nb.run.launch import fresh_dir, launch
-from zckpt_nb.ui.tables import table
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
         print(f"\n## {model}: P = {run.num_params:,} ({run.num_params * 4 / 1e9:.2f} GB of fp32 weights), "
               f"{args.nproc} ranks' optimizer files {optim / 1e9:.2f} GB; interpreter baseline "
               f"{base['peak'] / 2**20:.0f} MiB in {base['wall']:.1f} s\n")
-        print(table(offline.memory_summary(measured["records"], base, run.num_params * 4)).data)
+        print(text_table(offline.memory_summary(measured["records"], base, run.num_params * 4)))
         print(f"records: {out / 'routes.json'}")
 
 

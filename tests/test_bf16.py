@@ -6,11 +6,11 @@ import math
 
 import pytest
 from conftest import file_hashes
+from weights import load_weights
 
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.export import export
 from zckpt_nb.convert.verify import verify
-from zckpt_nb.lessons.consolidation import load_weights
 from zckpt_nb.run.launch import launch
 
 BF16 = {"dtype": "bf16"}

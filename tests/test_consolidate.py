@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
+from weights import compare_weights, load_weights, reference_state_dict
 
 from zckpt_nb.convert.export import corpus_overlap, measure_export, reload_in_fresh_process
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
 from zckpt_nb.format.layout import MANIFEST
-from zckpt_nb.lessons.consolidation import compare_weights, load_weights, reference_state_dict
 from zckpt_nb.measure import meters
 from zckpt_nb.run.launch import launch
 

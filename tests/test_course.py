@@ -122,6 +122,9 @@ def test_check_prints_one_line_with_its_verdict(capsys):
 def test_a_command_runs_bounded_and_a_failure_says_what_each_rank_said_in_a_few_lines(tmp_path):
     job = runs.run("python -c 'print(1); print(2)'", timeout=60, log=tmp_path / "ok.log", echo=False)
     assert job.lines == ["1", "2"] and (tmp_path / "ok.log").read_text() == "1\n2\n"
+    said = runs.run("GREETING='hello there' python -c 'import os; print(os.environ[\"GREETING\"])'", timeout=60,
+                    echo=False)
+    assert said.lines == ["hello there"]
     with pytest.raises(LaunchError) as failed:
         runs.run("python -c 'raise ValueError(\"no such tag\")'", timeout=60, log=tmp_path / "bad.log", echo=False)
     assert str(failed.value).splitlines()[1:] == ["  ValueError: no such tag", f"  every line it printed: "

@@ -1,4 +1,4 @@
-"""A failed job shown in a few lines (run.logs.failure_report), and notebook 04's route table and bytes per parameter.
+"""A failed job shown in a few lines (run.logs.failure_report), and what counts as a peer's failure.
 
 The logs are real `launch.log` files as the launcher writes them (one `[rank N] text` line per printed line).
 """
@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from zckpt_nb.errors import LaunchError
-from zckpt_nb.lessons import consolidation
+from zckpt_nb.errors import LaunchError, is_peer_failure, peer_failure
 from zckpt_nb.run.logs import failure_report, rank_error_line
 
 pytestmark = pytest.mark.fast
@@ -44,18 +43,14 @@ def test_a_failed_job_is_one_line_per_rank_between_its_outcome_and_its_log(tmp_p
     assert report[-1].endswith(str(tmp_path / "launch.log"))
 
 
-def test_the_route_table_has_at_most_eight_columns_one_format_each():
-    costs = [{"mode": "per_param", "rank": r, "seconds": 0.1 + r, "extra_peak_bytes": 2**20, "bytes_written": 3 * 2**20,
-              "heap_extra_peak_bytes": 2**21, "bytes_read": 0, "comm_bytes": 2**21,
-              "comm_ops": {"all_gather_into_tensor": {"count": 2, "bytes": 2**20, "max_bytes": 2**19}}}
-             for r in range(2)]
-    num_params = 2**20
-    fp32, bf16 = (consolidation.cost_summary(costs, num_params, consolidation.bytes_per_param(d)) for d in
-                  ("fp32", "bf16"))
-    assert bf16[0]["all-gathered / model"] == 2 * fp32[0]["all-gathered / model"]  # half the bytes per parameter
-    rows = consolidation.route_table(bf16)
-    assert len(rows[0]) <= 8 and all(isinstance(v, str) for v in rows[0].values())
-    assert rows[0]["all-gathered / model"] == f"{2**21 / (num_params * 2):.2f}"
+def test_a_dead_peer_on_nccl_or_gloo_is_a_peer_failure_and_a_full_disk_is_not():
+    import torch.distributed as dist
+
+    nccl = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp, remote process exited or there was a network "
+                                 "error")
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc] Connection closed by peer")
+    assert is_peer_failure(nccl) and is_peer_failure(gloo) and not is_peer_failure(OSError(28, "No space left"))
+    assert str(peer_failure(nccl, 1, "save of global_step8")).startswith("rank 1: save of global_step8")
 
 
 def test_a_gloo_line_loses_its_source_folders_and_is_cut_between_words(tmp_path):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import RESUME_STEP, STEPS
+from weights import compare_weights, load_weights
 
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.export import export
@@ -18,7 +19,6 @@ from zckpt_nb.convert.verify import verify_universal
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import MANIFEST, UNIVERSAL
 from zckpt_nb.format.manifest import sha256_file
-from zckpt_nb.lessons.consolidation import compare_weights, load_weights
 from zckpt_nb.run.launch import launch
 
 TAG = f"global_step{RESUME_STEP}"

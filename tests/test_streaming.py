@@ -1,14 +1,18 @@
 """Streaming export: a model whose fp32 weights are several shards is written in a few MiB of memory."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+from weights import compare_weights, load_weights
 
 from zckpt_nb.convert import streaming
-from zckpt_nb.lessons import offline
-from zckpt_nb.lessons.consolidation import compare_weights, load_weights
 from zckpt_nb.measure.trace import rss_parts
 from zckpt_nb.run.launch import launch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import offline_routes as offline  # noqa: E402  (benchmarks/offline_routes.py: the offline routes traced)
 
 SHARD = 2_000_000  # --max_shard_size 2MB (transformers counts MB in powers of ten)
 

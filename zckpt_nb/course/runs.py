@@ -38,26 +38,38 @@ class Job:
         return [line for line in self.lines if line.startswith(prefix)]
 
 
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # `NAME=value` before a command, as a shell reads it
+
+
+def split(command: str) -> tuple[dict[str, str], list[str]]:
+    """The `NAME=value` words in front of the command, and the command's words."""
+    words = shlex.split(command)
+    count = next((i for i, word in enumerate(words) if not ASSIGNMENT.match(word)), len(words))
+    return dict(word.split("=", 1) for word in words[:count]), words[count:]
+
+
 def argv(command: str) -> list[str]:
     """The command line as a list, its first word (`torchrun`, `deepspeed`, `python`) run by this kernel's Python."""
-    words = shlex.split(command)
+    words = split(command)[1]
     return [sys.executable, *PROGRAMS[words[0]], *words[1:]] if words[0] in PROGRAMS else words
 
 
 def environment(command: str) -> dict[str, str]:
-    """The kernel's environment (`DS_ACCELERATOR=cpu` for CPU ranks) with unbuffered output and one CPU share per
-    rank, so torchrun has no thread count of its own to warn about."""
+    """The kernel's environment (`DS_ACCELERATOR=cpu` for CPU ranks) with the command's own `NAME=value` words,
+    unbuffered output and one CPU share per rank, so torchrun has no thread count of its own to warn about."""
     ranks = re.search(r"--nproc[_-]per[_-]node[ =](\d+)|--num_gpus[ =](\d+)", command)
     n = int(next(g for g in ranks.groups() if g)) if ranks else 1
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **split(command)[0])
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     return env
 
 
 def failure(job: Job, code: int, log: Path | None) -> str:
-    """A failed job in a few lines: the command and exit code, each distinct error line its ranks printed, the log."""
+    """A failed job in a few lines: the command and exit code, each distinct error line its ranks printed (else its
+    last line), and where the log is."""
     errors = [line.strip() for line in job.lines if EXCEPTION_LINE.match(line.strip()) or "error:" in line.lower()]
     errors = [line for line in dict.fromkeys(errors) if not any(word in line for word in NOISE)]
+    errors = errors or [line.strip() for line in job.lines if line.strip()][-1:]  # else its last word
     where = f"\n  every line it printed: {log}" if log else ""
     return f"`{job.command}` failed (exit code {code}) after {job.seconds:.1f} s" + "".join(
         f"\n  {line[:200]}" for line in errors[:6]) + where

@@ -12,7 +12,7 @@ The four routes, and where each lives:
 3. Offline conversion (`convert.zero_to_fp32`): DeepSpeed's `zero_to_fp32` functions read every rank's shard files
    in one process, with no process group and no GPU.
 4. Hugging Face export (`convert.export`).
-The checks that all four agree: `lessons.consolidation`.
+The checks that all four agree: tests/test_consolidate.py.
 
 Routes 1 and 2 are collective (every rank must call them). Routes 3 and 4 run after training, anywhere.
 """
