@@ -91,7 +91,7 @@ def fsync_tree(folder: Path) -> float:
 
 def to_dcp_rows(name: str, trace: Any, out: Path) -> list[tuple[str, float, int | None, int | None]]:
     """One route of to-dcp: its stages (from its manifest's conversion) and the whole command."""
-    cost = read_manifest(out)["conversion"]
+    cost = read_manifest(out).conversion
     uni = cost["universal"]
     first = (f"{name}: ds_to_universal" + (" (reused)" if uni["reused"] else ""), uni["seconds"],
              uni["peak_rss_bytes"], uni["bytes"]) if cost["route"] == UNIVERSAL_COPY else \
@@ -147,14 +147,14 @@ def main() -> None:
             *to_dcp_rows("to-dcp", direct, out / "dcp")]
     back = traced([sys.executable, "-m", "zckpt_nb", "from-dcp", str(out / "dcp"), str(out / "back"), "--config",
                    args.model], env)
-    back_cost = read_manifest(universal_dir(out / "back", tag))["conversion"]
+    back_cost = read_manifest(universal_dir(out / "back", tag)).conversion
     rows.append(("from-dcp (the way back), whole", back.wall, back.peak_bytes, back_cost["bytes"]))
     if args.also_universal:
         through = traced([sys.executable, "-c", UNIVERSAL, str(ckpt), str(out / "dcp_universal"), tag], env)
         rows += to_dcp_rows("via universal copy", through, out / "dcp_universal")
         if made_universal:  # leave the checkpoint as it was: a committed copy would change to-dcp's route
             shutil.rmtree(universal_dir(ckpt, tag))
-    cost, bound = read_manifest(out / "dcp")["conversion"], 2 * largest_state_bytes(ckpt, tag)
+    cost, bound = read_manifest(out / "dcp").conversion, 2 * largest_state_bytes(ckpt, tag)
     extra = cost["peak_rss_bytes"] - cost["baseline_rss_bytes"]
     print(f"\nto-dcp read from: {cost['route']}\n{'route':36} {'time (s)':>9} {'peak RSS (MiB)':>15} "
           f"{'written (MiB)':>14}")

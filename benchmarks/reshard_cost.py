@@ -32,7 +32,7 @@ def measure(model: str, nproc: int, resume_on: int | None, root: Path, timeout: 
                  progress=False)
     save_seconds = max(r["save_seconds"] for r in run.ranks)
     manifest = convert(root / model, f"global_step{steps}", timeout=timeout)
-    cost = manifest["conversion"]
+    cost = manifest.conversion
     row = {"model": model, "params": param_count(model), "nproc": nproc, "source_bytes": cost["source_bytes"],
            "universal_bytes": cost["bytes"], "save_s": round(save_seconds, 3), "convert_s": round(cost["seconds"], 3),
            "convert_peak_rss_mib": round(cost["peak_rss_bytes"] / 2**20),

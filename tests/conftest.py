@@ -46,4 +46,4 @@ def file_hashes(output_dir: Path, tag: str) -> dict[str, str]:
     """A committed checkpoint's files and their SHA-256, as its manifest lists them."""
     from zckpt_nb.format.manifest import read_manifest
 
-    return {f["path"]: f["sha256"] for f in read_manifest(output_dir / tag)["files"]}
+    return {f.path: f.sha256 for f in read_manifest(output_dir / tag).files}

@@ -3,6 +3,7 @@ tables say each figure once (unit tests on hand-made records, no launch)."""
 
 import pytest
 
+from zckpt_nb.format.manifest import FileEntry, Manifest
 from zckpt_nb.lessons import worlds
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
 
@@ -34,12 +35,15 @@ def test_the_resume_table_shows_a_conversion_only_where_the_job_made_it():
 
 @pytest.mark.fast
 def test_the_universal_sentence_finds_rank_0s_optimizer_file_in_bf16_too():
-    copy = {"conversion": {"bytes": 600, "source_bytes": 400},
-            "files": [{"path": "zero/w/fp32.pt", "bytes": 100}, {"path": "zero/w/exp_avg.pt", "bytes": 100},
-                      {"path": "zero/w/exp_avg_sq.pt", "bytes": 100}, {"path": "zero/optimizer_state.pt", "bytes": 250},
-                      {"path": "bf16_zero_pp_rank_0_mp_rank_00_model_states.pt", "bytes": 50}]}
-    source = {"files": [{"path": "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bytes": 250},
-                        {"path": "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "bytes": 100}]}
+    def files(*pairs):
+        return [FileEntry(path, size, "0" * 64) for path, size in pairs]
+
+    copy = Manifest("global_step2", 2, files(
+        ("zero/w/fp32.pt", 100), ("zero/w/exp_avg.pt", 100), ("zero/w/exp_avg_sq.pt", 100),
+        ("zero/optimizer_state.pt", 250), ("bf16_zero_pp_rank_0_mp_rank_00_model_states.pt", 50)),
+        kind="universal", conversion={"bytes": 600, "source_bytes": 400})
+    source = Manifest("global_step2", 2, files(("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", 250),
+                                               ("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", 100)), world_size=2)
     said = worlds.universal_sentence(copy, source, elements=10, folders=1, num_params=10)
     assert "exactly P" in said and "1.50x the source's" in said and "300 in the per-parameter files" in said
     assert "250 in `zero/optimizer_state.pt`, 1.00x rank 0's optimizer file" in said and "and 50 in the" in said
@@ -60,7 +64,8 @@ def test_the_nodes_answer_sets_three_nodes_against_the_defaults_folders():
 
 @pytest.mark.fast
 def test_the_resumption_sentence_says_where_the_conversion_is_needed():
-    copy = {"source_world_size": 2, "conversion": {"seconds": 2.06, "bytes": 3 * 2**20, "source_bytes": 2 * 2**20}}
+    copy = Manifest("global_step2", 2, [], kind="universal", source_world_size=2,
+                    conversion={"seconds": 2.06, "bytes": 3 * 2**20, "source_bytes": 2 * 2**20})
     said = worlds.resumption_sentence(copy, 1, refused=True)
     assert "holds on the 2 ranks that saved it only" in said and "refused it on 1 rank (section 3)" in said
     assert "must first be converted into the universal copy" in said

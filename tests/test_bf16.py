@@ -25,7 +25,7 @@ def bf16_run(tmp_path_factory):
 def test_bf16_trains_from_initialised_weights_and_saves_deepspeeds_bf16_files(bf16_run):
     assert bf16_run.data["dtype"] == "bf16" and bf16_run.data["ds_config"]["bf16"]["enabled"]
     assert abs(bf16_run.losses[0] - math.log(bf16_run.vocab_size)) < 0.15 * math.log(bf16_run.vocab_size)
-    names = sorted(e["path"] for e in verify(bf16_run.output_dir)["files"])
+    names = sorted(e.path for e in verify(bf16_run.output_dir).files)
     assert names == [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)] + \
         [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)]
 

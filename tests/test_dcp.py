@@ -13,7 +13,7 @@ import torch
 
 from zckpt_nb.convert.dcp import RANK_FILES, UNIVERSAL_COPY, WrittenFile, to_dcp
 from zckpt_nb.convert.reshard import ensure_universal
-from zckpt_nb.convert.verify import verify_universal
+from zckpt_nb.convert.verify import verify_folder
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import DCP_KIND, universal_dir
 from zckpt_nb.format.manifest import sha256_file
@@ -34,7 +34,7 @@ def zero_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
 def converted(zero_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Its step-SWITCH checkpoint converted to DCP (straight from its rank files: no universal copy exists yet)."""
     out = tmp_path_factory.mktemp("dcp") / "step20"
-    assert to_dcp(zero_run.output_dir, out, TAG)["conversion"]["route"] == RANK_FILES
+    assert to_dcp(zero_run.output_dir, out, TAG).conversion["route"] == RANK_FILES
     return out
 
 
@@ -53,10 +53,10 @@ def fsdp2_load(dcp_dir: Path, config_dir: Path, nproc: int, out: Path) -> dict:
 
 
 def test_to_dcp_is_committed_with_the_metadata_before_the_manifest(converted: Path) -> None:
-    manifest = verify_universal(converted, kind=DCP_KIND)
-    names = [f["path"] for f in manifest["files"]]
+    manifest = verify_folder(converted, DCP_KIND)
+    names = [f.path for f in manifest.files]
     assert ".metadata" in names and any(n.endswith(".distcp") for n in names)
-    assert manifest["step"] == SWITCH and manifest["source_world_size"] == 2
+    assert manifest.step == SWITCH and manifest.source_world_size == 2
     written = {p.name: p.stat().st_mtime_ns for p in converted.iterdir()}
     assert written[".metadata"] >= max(t for n, t in written.items() if n.endswith(".distcp"))
     assert written["zckpt_manifest.json"] >= written[".metadata"]
@@ -115,9 +115,9 @@ def test_rank_files_and_universal_copy_give_identical_dcp_tensors(zero_run: RunR
     run = {2: zero_run, 3: zero_run_3}[nproc]
     tag = TAG if nproc == 2 else "global_step2"
     direct = to_dcp(run.output_dir, tmp_path / "direct", tag, route=RANK_FILES)
-    assert direct["conversion"]["route"] == RANK_FILES and direct["source_world_size"] == nproc
+    assert direct.conversion["route"] == RANK_FILES and direct.source_world_size == nproc
     through = to_dcp(run.output_dir, tmp_path / "universal", tag, route=UNIVERSAL_COPY)
-    assert through["conversion"]["route"] == UNIVERSAL_COPY
+    assert through.conversion["route"] == UNIVERSAL_COPY
     a, b = dcp_tensors(tmp_path / "direct"), dcp_tensors(tmp_path / "universal")
     assert sorted(a) == sorted(b) and any(k.endswith(".exp_avg_sq") for k in a)
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
@@ -152,7 +152,7 @@ def test_to_dcp_refuses_a_corrupted_rank_file_and_commits_nothing(zero_run: RunR
         f.truncate(optim.stat().st_size // 2)
     with pytest.raises(CheckpointError, match="truncated or rewritten"):  # its load fails first: the check says why
         to_dcp(ckpt, tmp_path / "dcp", TAG)
-    assert verify_universal(tmp_path / "dcp", kind=DCP_KIND) == first
+    assert verify_folder(tmp_path / "dcp", DCP_KIND) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "dcp"]  # no `fresh`, no `.converting` folder
 
 

@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import MANIFEST, UNIVERSAL
 from zckpt_nb.format.manifest import sha256_file
-from zckpt_nb.run.launch import launch
+from zckpt_nb.run.launch import launch, launch_module
 
 TAG = "global_step4"
 
@@ -83,6 +85,13 @@ def forge(folder: Path) -> None:
     path.write_text(json.dumps(manifest))
 
 
+def flip(path: Path) -> None:
+    """One byte in the middle of `path` changed: the size stays, the SHA-256 does not."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
     """Every path under `root` (outputs in `skip` left out) with its size and mtime, links not followed."""
     found = {}
@@ -139,7 +148,7 @@ def test_an_unlisted_payload_in_the_universal_copy_is_never_loaded(work, marker,
     plant(copy / "zero" / "optimizer_state.pt", marker)
     refused(*cli(capsys, "verify", work / "ckpt" / UNIVERSAL, "--tag", TAG), "optimizer_state.pt is not listed")
     manifest, reused = ensure_universal(work / "ckpt", TAG)  # what train --resume on another world size calls
-    assert not reused and "zero/optimizer_state.pt" in {e["path"] for e in manifest["files"]}
+    assert not reused and "zero/optimizer_state.pt" in {e.path for e in manifest.files}
     assert not marker.exists()
 
 
@@ -328,3 +337,165 @@ def test_reshard_and_collect_write_only_their_own_folders(work, capsys):
     refused(*cli(capsys, "collect", ckpt, work / "file"), "is a file")
     refused(*cli(capsys, "collect", ckpt, work / "dcp"), "not empty")
     assert snapshot(work) == before and not any(elsewhere.iterdir())
+
+
+# --- 4. bounded input: sizes are checked before anything is read or allocated ---
+
+def sparse(path: Path, size: int) -> None:
+    """A file of `size` bytes that takes no disk space (read, it would take `size` of memory)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def repeated_entries(tag_dir: Path) -> None:
+    manifest = json.loads((tag_dir / MANIFEST).read_text())
+    manifest["files"] = manifest["files"] * 5_000
+    (tag_dir / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("tamper, words", [
+    (lambda ckpt: sparse(ckpt / TAG / MANIFEST, 1 << 30), ("larger than 16 MiB",)),
+    (lambda ckpt: repeated_entries(ckpt / TAG), ("twice",)),
+    (lambda ckpt: sparse(ckpt / "latest", 1 << 30), ("is not a folder name",)),
+], ids=["manifest-of-1-GiB", "20000-entries", "latest-of-1-GiB"])
+def test_oversized_manifests_and_latest_are_refused_unread(work, capsys, tamper, words):
+    tamper(work / "ckpt")
+    before = snapshot(work)
+    for name, args in readers(work).items():  # a bad 'latest': the others take the newest committed tag instead
+        if name in ("verify", "inspect") or "latest" not in tamper.__code__.co_consts:
+            refused(*cli(capsys, *args), *(words if name in ("verify", "inspect", "export") else ()))
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"n_layer": 10**6}, ("1,000,000 layers",)), ({"vocab_size": 10**12}, ("1,000,000,000,000 x",)),
+    ({"n_embd": 128, "n_head": 4}, ("the shape (1024, 128)",)), ({"tie_word_embeddings": False}, ("lm_head",)),
+])
+def test_an_export_config_is_checked_against_the_weights_before_anything_is_written(work, capsys, change, words):
+    config = json.loads((work / "ckpt" / "config.json").read_text()) | change
+    (work / "config.json").write_text(json.dumps(config))
+    before = snapshot(work)
+    refused(*cli(capsys, "export", work / "ckpt", work / "hf", "--config", work / "config.json"), *words)
+    assert snapshot(work) == before
+
+
+# --- 5. one line for every bad input and I/O failure; nothing half-written ---
+
+@contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A small RAM disk at `path` (the tests run as root), unmounted after."""
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(work, capsys):
+    with tmpfs(work / "disk", "1m") as disk:
+        for args in (("export", work / "ckpt", disk / "hf"), ("to-dcp", work / "ckpt", disk / "dcp"),
+                     ("from-dcp", work / "dcp", disk / "back", "--config", "tiny")):
+            refused(*cli(capsys, *args), "No space left on device (ENOSPC) on", "free space")
+            assert not any(disk.iterdir()), list(disk.iterdir())
+
+
+def test_a_read_only_disk_is_one_line_and_reading_still_works(work, capsys):
+    with tmpfs(work / "disk", "32m") as disk:
+        shutil.copytree(work / "ckpt", disk / "ckpt", ignore=shutil.ignore_patterns(UNIVERSAL))
+        shutil.copytree(work / "ckpt", disk / "raw", ignore=shutil.ignore_patterns(UNIVERSAL, MANIFEST))
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        assert cli(capsys, "verify", disk / "ckpt")[0] == 0 and cli(capsys, "adopt", disk / "ckpt")[0] == 0
+        refused(*cli(capsys, "reshard", disk / "ckpt"), "Read-only file system (EROFS) on", "writable")
+        refused(*cli(capsys, "adopt", disk / "raw"), "Read-only file system (EROFS) on", "writable")
+        refused(*cli(capsys, "export", work / "ckpt", disk / "hf"), "cannot be written")
+        assert not (disk / "ckpt" / UNIVERSAL).exists() and not (disk / "raw" / TAG / MANIFEST).exists()
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
+def test_permission_denied_is_one_line_naming_the_file(work):
+    """As root every file is readable: the command runs without the capability that bypasses file modes."""
+    victim = work / "ckpt" / TAG / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    victim.chmod(0)
+    done = subprocess.run(["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                           "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m", "zckpt_nb",
+                           "verify", work / "ckpt"], capture_output=True, text=True, timeout=120)
+    refused(done.returncode, done.stderr, f"Permission denied (EACCES) on {victim}", "permissions")
+
+
+RESUME = """import sys
+from pathlib import Path
+
+import deepspeed
+import torch.distributed as dist
+
+import zckpt_nb
+from zckpt_nb.errors import CheckpointError
+from zckpt_nb.examples.own_loop import build
+from zckpt_nb.run import lifeline
+
+deepspeed.init_distributed(dist_backend="gloo")
+engine, _, _ = build("fp32")
+said = []
+for folder in sys.argv[2:]:
+    try:
+        said.append(f"resumed at step {zckpt_nb.resume(engine, folder, tag='global_step2')['step']}")
+    except CheckpointError as e:
+        said.append(f"refused: {e}")
+Path(sys.argv[1], f"rank{dist.get_rank()}.txt").write_text("\\n".join(said))
+lifeline.leave(0)
+"""
+
+
+def test_resume_with_an_explicit_tag_verifies_every_rank_first(tmp_path, marker):
+    """zckpt_nb.resume(engine, dir, tag=T) in a user's own loop: a corrupted file or an unlisted payload is refused on
+    every rank, naming the rank that found it; an intact copy resumes."""
+    saved = tmp_path / "saved"
+    launch_module("zckpt_nb.examples.own_loop", [str(saved), "--steps", "2", "--save", "zckpt"], nproc=2,
+                  timeout=300, name="own loop", verbose=False, progress=False)
+    corrupted, planted = shutil.copytree(saved, tmp_path / "corrupted"), shutil.copytree(saved, tmp_path / "planted")
+    optim = corrupted / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    flip(optim)
+    plant(planted / "global_step2" / "zero_pp_rank_0_mp_rank_01_model_states.pt", marker)
+    (tmp_path / "resume.py").write_text(RESUME)
+    launch_script(tmp_path / "resume.py", [tmp_path, corrupted, planted, saved])
+    said = [line for rank in (0, 1) for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
+    assert said.count(f"refused: rank 1: {optim} does not match its SHA-256 in the manifest (corrupted)") == 2, said
+    assert sum("is not listed in" in line for line in said) == 2 and said.count("resumed at step 2") == 2, said
+    assert not marker.exists()
+
+
+def launch_script(script: Path, args: list[Path]) -> None:
+    """`script ARGS` on 2 CPU ranks under torchrun, as a user runs a loop of their own."""
+    from zckpt_nb.run.launch import free_port
+
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def damaged_manifest(ckpt: Path) -> None:
+    manifest = json.loads((ckpt / TAG / MANIFEST).read_text())
+    manifest["files"][2]["bytes"] = str(manifest["files"][2]["bytes"])
+    (ckpt / TAG / MANIFEST).write_text(json.dumps(manifest))
+
+
+def corrupted_file(ckpt: Path) -> None:
+    flip(ckpt / TAG / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+
+
+@pytest.mark.parametrize("damage, words", [(damaged_manifest, "files[2]'s 'bytes' is"),
+                                           (corrupted_file, "rank 1: ")])
+def test_train_resume_refuses_a_damaged_checkpoint_in_one_line_of_its_own(work, damage, words):
+    """The refusal is one rank's own line (never a dead peer), between the job's line and the log's; no traceback,
+    no abort."""
+    ckpt = work / "ckpt"
+    shutil.rmtree(ckpt / UNIVERSAL)
+    damage(ckpt)
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "train", "--nproc", "2", "--output_dir", ckpt,
+                           "--steps", "6", "--resume", "--timeout", "300"], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 3 and words in lines[1], done.stderr
+    assert "peer" not in done.stderr and "Traceback" not in done.stderr and "SIGABRT" not in done.stderr

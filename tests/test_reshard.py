@@ -15,7 +15,7 @@ from weights import compare_weights, load_weights
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.export import export
 from zckpt_nb.convert.reshard import convert, ensure_universal, reusable
-from zckpt_nb.convert.verify import verify_universal
+from zckpt_nb.convert.verify import verify_folder
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import MANIFEST, UNIVERSAL
 from zckpt_nb.format.manifest import sha256_file
@@ -47,7 +47,7 @@ def test_resume_on_another_world_size_continues_the_same_optimisation(full_run, 
     assert done["source_world_size"] == 2 and not done["reused"]
     assert done["conversion"]["seconds"] > 0 and done["conversion"]["peak_rss_bytes"] > 2**20
     assert any(f"this run has {world}. Converted it to a universal checkpoint" in line for line in run.log)
-    verify_universal(dst / UNIVERSAL / TAG)  # committed: every file's size and SHA-256
+    verify_folder(dst / UNIVERSAL / TAG, UNIVERSAL)  # committed: every file's size and SHA-256
 
 
 def test_export_after_a_universal_load_equals_the_source_export(source, tmp_path):
@@ -78,7 +78,7 @@ def test_a_crash_mid_conversion_is_never_loaded(source, tmp_path):
         convert(dst, TAG, timeout=0.5)  # a conversion past its bound stops, nothing committed, its folder removed
     assert reusable(dst, TAG) is None and sorted(p.name for p in (dst / UNIVERSAL).iterdir()) == [partial.name]
     manifest, reused = ensure_universal(dst, TAG)
-    assert not reused and manifest["source_world_size"] == 2
+    assert not reused and manifest.source_world_size == 2
     assert sorted(p.name for p in (dst / UNIVERSAL).iterdir()) == [partial.name, TAG]  # another run's folder: kept
 
 
@@ -86,7 +86,7 @@ def test_a_damaged_or_stale_copy_is_converted_again(source, tmp_path):
     dst = shutil.copytree(source, tmp_path / "ckpt")
     manifest, _ = ensure_universal(dst, TAG)
     assert ensure_universal(dst, TAG)[1], "an intact copy is reused"
-    victim = dst / UNIVERSAL / TAG / manifest["files"][-1]["path"]
+    victim = dst / UNIVERSAL / TAG / manifest.files[-1].path
     data = victim.read_bytes()
     victim.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     bad = cli("verify", dst / UNIVERSAL, "--tag", TAG)
@@ -105,8 +105,8 @@ def test_a_universal_manifest_cannot_point_outside_its_folder(source, tmp_path):
     manifest = json.loads(path.read_text())
     manifest["files"][0]["path"] = "../../" + TAG + "/" + manifest["files"][0]["path"]
     path.write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="not a file of"):
-        verify_universal(path.parent)
+    with pytest.raises(CheckpointError, match="is not a relative path of a file"):
+        verify_folder(path.parent, UNIVERSAL)
 
 
 def test_reshard_inspect_and_verify_from_the_shell(source, tmp_path):
@@ -139,8 +139,9 @@ def test_a_malicious_pickle_in_a_forged_universal_copy_never_runs(source, tmp_pa
     import torch
 
     dst = shutil.copytree(source, tmp_path / "ckpt")
-    manifest, _ = ensure_universal(dst, TAG)
+    ensure_universal(dst, TAG)
     folder, marker = dst / UNIVERSAL / TAG, tmp_path / "PAYLOAD_RAN"
+    manifest = json.loads((folder / MANIFEST).read_text())
     entry = next(e for e in manifest["files"] if e["path"].endswith("fp32.pt"))
     path = folder / entry["path"]
     torch.save({"weights": torch.load(path), "extra": Payload(marker)}, path)

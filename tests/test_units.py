@@ -9,8 +9,7 @@ from zckpt_nb import data
 from zckpt_nb.cli import build_parser
 from zckpt_nb.convert.verify import verify_tag
 from zckpt_nb.errors import CheckpointError, UsageError
-from zckpt_nb.format.layout import MANIFEST
-from zckpt_nb.format.manifest import checkpoint_manifest, file_record, sha256_file
+from zckpt_nb.format.manifest import Manifest, commit, file_entry
 from zckpt_nb.model import PRESETS, accumulation_steps, ds_config, get_preset, ln_vocab, param_count
 from zckpt_nb.run.launch import Progress, check_train_args, label, launch
 from zckpt_nb.run.options import TrainOptions
@@ -98,8 +97,8 @@ def fake_ckpt(tmp_path):
     paths = [tag_dir / f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
     for i, path in enumerate(paths):
         path.write_bytes(os.urandom(2**16 * (i + 1)))
-    files = [file_record(p, tag_dir, int(p.name.split("_")[3]), sha256_file(p)) for p in paths]
-    (tag_dir / MANIFEST).write_text(checkpoint_manifest(tmp_path, "global_step1", 1, 2, {}, [{"files": files}]))
+    files = [file_entry(p, tag_dir, rank=int(p.name.split("_")[3])) for p in paths]
+    commit(tag_dir, Manifest("global_step1", 1, files, world_size=2, identity={}))
     return paths
 
 
@@ -111,7 +110,7 @@ def flip_last_byte(path):
 
 def test_parallel_verification_reports_the_first_corrupted_file_in_manifest_order(fake_ckpt):
     root = fake_ckpt[0].parent.parent
-    assert verify_tag(root, "global_step1")["world_size"] == 2
+    assert verify_tag(root, "global_step1").world_size == 2
     flip_last_byte(fake_ckpt[3])
     with pytest.raises(CheckpointError, match="rank_1_mp_rank_00_optim_states.pt does not match its SHA-256"):
         verify_tag(root, "global_step1")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.errors import CheckpointError, LaunchError, UsageError
+from zckpt_nb.errors import CheckpointError, LaunchError, UsageError, os_error_line
 from zckpt_nb.format.units import counted, secs, size
 from zckpt_nb.run import lifeline
 
@@ -404,3 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zckpt_nb {args.command}: interrupted by {signal.Signals(signum).name}; every rank was stopped",
               file=sys.stderr)
         return 128 + signum
+    except CheckpointError as e:
+        print(f"zckpt_nb {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except (OSError, RuntimeError) as e:  # the disk refused (torch's zip writer wraps its OSError in a RuntimeError)
+        line = os_error_line(e)
+        if line is None:
+            raise
+        print(f"zckpt_nb {args.command}: error: {line}", file=sys.stderr)
+        return 1

@@ -38,12 +38,31 @@ class CollectiveTimeout(RuntimeError):
 
 def os_error_in(err: BaseException) -> OSError | None:
     """The OSError behind `err`: torch's zip writer wraps ENOSPC in a RuntimeError whose context holds it."""
-    seen: BaseException | None = err
-    while seen is not None:
+    seen, visited = err, set()
+    while seen is not None and id(seen) not in visited:  # `raise e from e` makes a chain that loops
         if isinstance(seen, OSError) and seen.errno:
             return seen
+        visited.add(id(seen))
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+FIXES = {errno.EACCES: "check its permissions, or choose another folder", errno.EPERM: "check its permissions",
+         errno.ENOSPC: "free space on that disk, or choose another folder", errno.EDQUOT: "your disk quota is full",
+         errno.EFBIG: "the file system limits a file's size: choose another (export: a smaller --max_shard_size)",
+         errno.EROFS: "the file system is read-only: choose a writable folder",
+         errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a folder"}
+
+
+def os_error_line(err: BaseException) -> str | None:
+    """One line for the OSError behind `err` (`os_error_in`): what failed, on which file, and what to do; None when
+    no OSError is behind it."""
+    cause = os_error_in(err)
+    if cause is None:
+        return None
+    name = errno.errorcode.get(cause.errno, str(cause.errno))
+    fix = FIXES.get(cause.errno, "check the file and the disk, then try again")
+    return f"{cause.strerror} ({name}) on {cause.filename or 'a file'}: {fix}"
 
 
 def describe_error(err: BaseException, path: str | Path, rank: int, doing: str = "writing") -> str:

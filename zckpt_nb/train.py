@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         lifeline.leave(0)  # everything is written and the process group destroyed: skip the teardown
     except (CheckpointError, CollectiveTimeout, RunIncomplete, LayoutError) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        lifeline.leave(1)  # the line is out: skip the teardown, where gloo can turn exit 1 into SIGABRT
     except RuntimeError as e:  # a collective outside the package's save timed out or lost a peer: one line
         if not is_peer_failure(e):
             raise
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
               "DeepSpeed's own save_checkpoint (its tag check and barrier) timed out or lost a rank "
               f"({gist(e)}); is some rank stuck, dead or saving alone?",
               file=sys.stderr, flush=True)
-        sys.exit(1)
+        lifeline.leave(1)
 
 
 def train(opts: TrainOptions) -> None:

@@ -14,7 +14,6 @@ DCP checkpoint is fp32 either way. It runs CPU ranks (gloo), where `--dtype auto
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,12 +22,10 @@ from typing import Any
 
 from zckpt_nb import data
 from zckpt_nb.convert.dcp import read_dcp
-from zckpt_nb.convert.reshard import file_entries
-from zckpt_nb.convert.verify import read_kind, verify_universal
+from zckpt_nb.convert.verify import read_kind, verify_folder
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.disk import atomic_write, fsync_dir
-from zckpt_nb.format.layout import DCP_KIND, MANIFEST, committed_tags, tag_for, tag_step
-from zckpt_nb.format.manifest import FORMAT
+from zckpt_nb.format.layout import DCP_KIND, committed_tags, tag_for, tag_step
+from zckpt_nb.format.manifest import Manifest, commit, entries_under
 from zckpt_nb.format.records import RankRecord, RunRecord, Schedule
 from zckpt_nb.format.units import counted
 from zckpt_nb.model import accumulation_steps, ds_config, get_preset, gpt2_config
@@ -129,11 +126,9 @@ def save(worker: FsdpWorker, step: int) -> None:
     worker.start = step
     folder = Path(worker.opts.output_dir) / tag_for(step)
     dcp.save(state_of(worker), storage_writer=dcp.FileSystemWriter(folder, sync_files=True))
-    if worker.rank == 0:
-        atomic_write(folder / MANIFEST, json.dumps({
-            "format": FORMAT, "kind": DCP_KIND, "tag": folder.name, "step": step, "source_world_size": worker.world,
-            "identity": {"model": worker.opts.model}, "files": file_entries(folder)}, indent=1))
-        fsync_dir(folder.parent)
+    if worker.rank == 0:  # DCP fsynced every file (sync_files)
+        commit(folder, Manifest(folder.name, step, entries_under(folder), kind=DCP_KIND, source_world_size=worker.world,
+                                identity={"model": worker.opts.model}), synced=True)
     dist.barrier()
 
 
@@ -197,7 +192,7 @@ def train(opts: TrainOptions) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     folder = Path(opts.output_dir) / newest_dcp(opts.output_dir) if opts.resume else None
     if folder:  # every file's size and SHA-256, nothing unlisted, before anything is read
-        verify_universal(folder, kind=DCP_KIND)
+        verify_folder(folder, DCP_KIND)
     saved = saved_train_state(folder) if folder else None
     if saved:  # the checkpoint's batch and LR horizon, as the ZeRO-3 worker keeps them
         opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": saved["global_batch"]})
@@ -224,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         lifeline.leave(0)  # as train.py: skip the teardown, where a gloo thread can abort a finished job
     except CheckpointError as e:
         print(f"zckpt_nb.train_fsdp: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        lifeline.leave(1)  # as above: no teardown after the line
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ missing, and nothing is written.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +19,9 @@ from zckpt_nb.convert.inspect import shard_paths
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import unlisted, verify_tag
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.disk import atomic_write, fsync_dir
+from zckpt_nb.format.disk import read_json
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_name
-from zckpt_nb.format.manifest import checkpoint_manifest, file_record, sha256_file
+from zckpt_nb.format.manifest import Manifest, commit, file_entry, shared_entries
 from zckpt_nb.format.units import counted
 
 ZERO_3 = 3  # DeepSpeed's ZeroStageEnum.weights
@@ -88,7 +86,7 @@ def check_rank_files(tag_dir: Path, files: dict[int, dict[str, Path]], world: in
                                       "come from different saves")
 
 
-def adopt(path: str | Path, tag: str | None = None) -> dict[str, Any]:
+def adopt(path: str | Path, tag: str | None = None) -> Manifest:
     """Check a ZeRO-3 checkpoint this package did not write and commit it; returns its verified manifest.
 
     A tag that is already committed is only verified. Nothing is written unless every check passes.
@@ -101,7 +99,7 @@ def adopt(path: str | Path, tag: str | None = None) -> dict[str, Any]:
     if not files:
         raise CheckpointError(f"{tag_dir} holds no ZeRO rank file (zero_pp_rank_R_mp_rank_00_*_states.pt): it is "
                               "not a DeepSpeed ZeRO checkpoint")
-    extra = unlisted(tag_dir, [{"path": p.name} for kinds in files.values() for p in kinds.values()])
+    extra = unlisted(tag_dir, [p.name for kinds in files.values() for p in kinds.values()])
     if extra:  # DeepSpeed's readers would load them with the rank files
         raise CheckpointError(f"{tag_dir / extra[0]} is not a rank file, and DeepSpeed's readers would load it with "
                               f"them: move it out of {tag_dir}, then adopt")
@@ -116,35 +114,24 @@ def adopt(path: str | Path, tag: str | None = None) -> dict[str, Any]:
 
 
 def commit_adopted(ckpt_dir: Path, tag: str, files: dict[int, dict[str, Path]], facts: dict[str, Any]) -> None:
-    """Every file fsynced and hashed, then the manifest written last (temporary file, fsync, rename)."""
-    tag_dir, records = ckpt_dir / tag, []
-    for rank, kinds in sorted(files.items()):
-        for path in sorted(kinds.values()):
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())  # DeepSpeed never fsyncs: durable before the manifest names it
-            records.append(file_record(path, tag_dir, rank, sha256_file(path)))
-    fsync_dir(tag_dir)
-    identity = {"num_params": facts["num_params"], **model_type(ckpt_dir)}
-    atomic_write(tag_dir / MANIFEST, checkpoint_manifest(ckpt_dir, tag, facts["step"], facts["world_size"], identity,
-                                                         [{"files": records}], adopted=facts))
+    """Every file hashed, then committed (`format.manifest.commit`: fsynced, as DeepSpeed never does, then the
+    manifest written last)."""
+    tag_dir = ckpt_dir / tag
+    entries = [file_entry(path, tag_dir, rank=rank) for rank, kinds in sorted(files.items())
+               for path in sorted(kinds.values())]
+    config = read_json(ckpt_dir / "config.json") if (ckpt_dir / "config.json").is_file() else None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    identity = {"num_params": facts["num_params"], **({"model_type": kind} if isinstance(kind, str) else {})}
+    commit(tag_dir, Manifest(tag, facts["step"], entries, world_size=facts["world_size"], identity=identity,
+                             shared=shared_entries(ckpt_dir), adopted=facts))
 
 
-def model_type(ckpt_dir: Path) -> dict[str, Any]:
-    """The `model_type` of the config.json beside the tags, when there is one."""
-    path = ckpt_dir / "config.json"
-    try:
-        return {"model_type": json.loads(path.read_text())["model_type"]} if path.is_file() else {}
-    except (ValueError, KeyError, OSError):
-        return {}
-
-
-def describe_adoption(manifest: dict[str, Any]) -> str:
+def describe_adoption(manifest: Manifest) -> str:
     """One line on what the adopted checkpoint's files recorded."""
-    facts = manifest.get("adopted")
+    facts = manifest.adopted
     if not facts:
-        return f"{manifest['tag']} was already committed by zckpt_nb; nothing to adopt"
-    kind = manifest["identity"].get("model_type", "a model")
-    return (f"adopted {manifest['tag']}: {kind}, {facts['num_params']:,} parameters, {facts['dtype']}, step "
+        return f"{manifest.tag} was already committed by zckpt_nb; nothing to adopt"
+    kind = (manifest.identity or {}).get("model_type", "a model")
+    return (f"adopted {manifest.tag}: {kind}, {facts['num_params']:,} parameters, {facts['dtype']}, step "
             f"{facts['step']}, saved by {counted(facts['world_size'], 'rank')} with DeepSpeed "
-            f"{facts['deepspeed_version']}; "
-            "verify, inspect, export and reshard now read it")
+            f"{facts['deepspeed_version']}; verify, inspect, export and reshard now read it")

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from zckpt_nb.convert.verify import check_output, verify
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, staged
-from zckpt_nb.format.layout import MANIFEST, SHARED_FILES, latest_name
-from zckpt_nb.format.manifest import checkpoint_manifest
+from zckpt_nb.format.layout import SHARED_FILES, latest_name
+from zckpt_nb.format.manifest import Manifest, commit, shared_entries
 
 
 def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
@@ -28,7 +28,7 @@ def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
     return dst
 
 
-def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) -> dict[str, Any]:
+def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) -> Manifest:
     """Assemble the node-local parts of checkpoint `tag` (default: what `latest` names) into one folder `out`.
 
     Each part is verified first (its own files' sizes and SHA-256 against its manifest), the copies again at the
@@ -39,9 +39,10 @@ def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) ->
     check_output(out)
     tag = tag or latest_name(parts[0])
     manifests = [verify(part, tag) for part in parts]
-    holder = {m.get("node"): part for m, part in zip(manifests, parts)}
-    files, needed = manifests[0]["files"], {e.get("node") for e in manifests[0]["files"]}
-    if None in holder or len(holder) < len(parts) or any(m["files"] != files for m in manifests):
+    holder = {m.node: part for m, part in zip(manifests, parts)}
+    first = manifests[0]
+    needed = {e.node for e in first.files}
+    if None in holder or len(holder) < len(parts) or any(m.files != first.files for m in manifests):
         raise CheckpointError(f"{', '.join(map(str, parts))} are not one node-local checkpoint {tag}, one folder "
                               "per node; pass the --output_dir of each node of a --node_local_storage run")
     if needed - holder.keys():
@@ -49,14 +50,12 @@ def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) ->
                               f"of {tag}; pass every node's --output_dir")
     with staged(out) as tmp:
         (tmp / tag).mkdir()
-        for entry in files:
-            shutil.copy2(holder[entry["node"]] / tag / entry["path"], tmp / tag / entry["path"])
+        for entry in first.files:
+            shutil.copy2(holder[entry.node] / tag / entry.path, tmp / tag / entry.path)
         for name in (*SHARED_FILES, "zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed copies its scripts on rank 0
             source = next((part / name for part in parts if (part / name).is_file()), None)
             if source:
                 shutil.copy2(source, tmp / name)
-        first = manifests[0]
-        atomic_write(tmp / tag / MANIFEST, checkpoint_manifest(tmp, tag, first["step"], first["world_size"],
-                                                               first["identity"], [{"files": files}]))
+        commit(tmp / tag, replace(first, node=None, shared=shared_entries(tmp)))
         atomic_write(tmp / "latest", tag)
     return verify(out, tag)

@@ -24,7 +24,6 @@ output is committed only once every hash matched.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import pickle
@@ -34,15 +33,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.reshard import ensure_universal, file_entries, manifest_hash, reusable
+from zckpt_nb.convert.reshard import ensure_universal, manifest_hash, reusable
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.verify import check_output, newest_committed, verify_tag, verify_universal
+from zckpt_nb.convert.streaming import meta_model
+from zckpt_nb.convert.verify import check_hashes, check_output, listed_files, newest_committed, verify_folder
 from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader
-from zckpt_nb.errors import CheckpointError, UsageError, first_line
+from zckpt_nb.errors import CheckpointError, UsageError, first_line, os_error_in
 from zckpt_nb.format.client_state import CLIENT_KEY
-from zckpt_nb.format.disk import atomic_write, fsync_dir, staged
-from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
-from zckpt_nb.format.manifest import FORMAT, elsewhere, file_record, read_manifest, sha256_file
+from zckpt_nb.format.disk import atomic_write, staged
+from zckpt_nb.format.layout import DCP_KIND, UNIVERSAL, tag_for, universal_dir
+from zckpt_nb.format.manifest import FileEntry, Manifest, commit, entries_under, read_manifest
 from zckpt_nb.format.units import counted, secs
 from zckpt_nb.measure import meters
 from zckpt_nb.model import model_config
@@ -116,9 +116,9 @@ def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]
 class Source:
     """Where to-dcp reads each parameter: the tag's rank files (`shards`) or its universal copy (`folder/zero`)."""
 
-    def __init__(self, folder: Path, universal: bool) -> None:
+    def __init__(self, folder: Path, manifest: Manifest, universal: bool) -> None:
         self.folder, self.universal = folder, universal
-        self.shards = ShardReader(folder)  # frozen weights: the model-states files, in both layouts
+        self.shards = ShardReader(folder, [e.path for e in manifest.files])  # frozen weights: in both layouts
         self.states = self.shards.states
         self.shapes = {name: shape for group in self.states["param_shapes"] for name, shape in group.items()}
 
@@ -288,16 +288,17 @@ def largest_state_bytes(ckpt_dir: str | Path, tag: str) -> int:
     return ShardReader(folder if any(folder.glob("*_model_states.pt")) else universal_dir(ckpt_dir, tag)).unit
 
 
-def timed_check(ckpt_dir: Path, tag: str) -> tuple[dict[str, Any], float]:
-    """verify_tag (every rank file's size and SHA-256 against the manifest) and its seconds."""
+def timed_check(files: list[tuple[Path, FileEntry]]) -> float:
+    """Every listed file's SHA-256 against the manifest (CheckpointError where one differs); its seconds."""
     start = time.perf_counter()
-    return verify_tag(ckpt_dir, tag), time.perf_counter() - start
+    check_hashes([(path, entry.sha256) for path, entry in files])
+    return time.perf_counter() - start
 
 
-def plain_source(folder: Path) -> Source | None:
+def plain_source(folder: Path, manifest: Manifest) -> Source | None:
     """A tag folder's rank files as the source, indexed, where they hold the plain ZeRO-3 layout; else None (ZeRO-1/2,
     model parallel: DeepSpeed's ds_to_universal reads those)."""
-    source = Source(folder, universal=False)
+    source = Source(folder, manifest, universal=False)
     if not source.shards.plain():
         return None
     source.shards.index(source.shapes)
@@ -313,11 +314,11 @@ def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple
     is read (made first if missing), or CheckpointError where `route` asked for the rank files.
     """
     reuse = route == UNIVERSAL_COPY or (route is None and reusable(ckpt_dir, tag) is not None)
-    manifest = None if reuse else read_manifest(ckpt_dir / tag)
-    if manifest and manifest.get("world_size") and not elsewhere(manifest):  # else from-dcp's output, a node's part
-        check = pool.submit(timed_check, ckpt_dir, tag)  # hashes while the files are read and written out
+    manifest, files = (None, []) if reuse else listed_files(ckpt_dir, tag)  # nothing unlisted, every size: first
+    if manifest and manifest.world_size and not manifest.elsewhere():  # else from-dcp's output, a node's part
+        check = pool.submit(timed_check, files)  # hashes while the files are read and written out
         try:
-            source = plain_source(ckpt_dir / tag)
+            source = plain_source(ckpt_dir / tag, manifest)
         except Exception as error:
             raise checked_first(check, error) from error
         if source is not None:
@@ -328,8 +329,8 @@ def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple
         raise CheckpointError(f"{ckpt_dir / tag} has no plain ZeRO-3 rank files here to read; convert it through "
                               "its universal copy")
     universal, reused = ensure_universal(ckpt_dir, tag)
-    facts = {"route": UNIVERSAL_COPY, "universal": {**universal["conversion"], "reused": reused}, "manifest": universal}
-    return Source(universal_dir(ckpt_dir, tag), universal=True), facts, None
+    facts = {"route": UNIVERSAL_COPY, "universal": {**universal.conversion, "reused": reused}, "manifest": universal}
+    return Source(universal_dir(ckpt_dir, tag), universal, universal=True), facts, None
 
 
 def dcp_cause(error: BaseException) -> BaseException:
@@ -342,30 +343,19 @@ def checked_first(check: Any, error: BaseException) -> BaseException:
     """The rank files' check's error where it failed (a corrupted file explains what went wrong after), else
     `error` (unwrapped from DCP's exception); waits for the check."""
     failed = check.exception() if check is not None else None
-    return failed if failed is not None else dcp_cause(error)
+    cause = dcp_cause(error)
+    return failed or os_error_in(cause) or cause  # a full disk is said as such, not as torch's zip writer's words
 
 
-def verified(check: Any, manifest: dict[str, Any]) -> dict[str, float]:
+def verified(check: Any) -> dict[str, float]:
     """Wait for the rank files' SHA-256 check (CheckpointError where one differs); its seconds and the wait."""
-    if check is None:
-        return {"check_seconds": 0.0, "check_wait_seconds": 0.0}
     start = time.perf_counter()
-    checked, seconds = check.result()
-    if checked != manifest:
-        raise CheckpointError(f"the manifest of {checked['tag']} changed during the conversion; convert it again")
-    return {"check_seconds": seconds, "check_wait_seconds": time.perf_counter() - start}
-
-
-def commit_dcp(tmp: Path, record: dict[str, Any], digests: dict[str, str]) -> None:
-    """Write the manifest `record` over every file of `tmp` (hashed as written where the writer did)."""
-    files = [file_record(p, tmp, None, digests.get(p.name) or sha256_file(p)) for p in sorted(tmp.iterdir())]
-    fsync_dir(tmp)  # the files' names durable before the manifest names them (their bytes were fsynced by DCP)
-    record["conversion"]["bytes"] = sum(f["bytes"] for f in files)
-    atomic_write(tmp / MANIFEST, json.dumps({**record, "files": files}, indent=1))
+    seconds = check.result() if check is not None else 0.0
+    return {"check_seconds": seconds, "check_wait_seconds": time.perf_counter() - start if check else 0.0}
 
 
 def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
-           route: str | None = None) -> dict[str, Any]:
+           route: str | None = None) -> Manifest:
     """Convert committed checkpoint `tag` (default: the newest) of `ckpt_dir` into a committed DCP folder `out_dir`,
     streamed from its rank files, or from its universal copy where one is committed or the files are not plain
     ZeRO-3 (made first if missing); `route` ("rank files", "universal copy") forces one.
@@ -387,24 +377,24 @@ def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
         with staged(out) as tmp:
             try:
                 cost, digests = write_dcp(source, tmp)
-                cost.update(verified(check, facts["manifest"]), route=facts["route"], universal=facts["universal"])
+                cost.update(verified(check), route=facts["route"], universal=facts["universal"])
             except (Exception, CheckpointException) as error:
                 raise checked_first(check, error) from error
-            known = facts["manifest"]
-            commit_dcp(tmp, {"format": FORMAT, "kind": DCP_KIND, "tag": tag, "step": known["step"],
-                             "source_world_size": known.get("source_world_size", known.get("world_size")),
-                             "identity": known.get("identity"), "source_manifest_sha256": manifest_hash(ckpt_dir, tag),
-                             "conversion": cost}, digests)
+            known, files = facts["manifest"], entries_under(tmp, digests)
+            commit(tmp, Manifest(tag, known.step, files, kind=DCP_KIND, identity=known.identity,
+                                 source_world_size=known.source_world_size or known.world_size,
+                                 source_manifest_sha256=manifest_hash(ckpt_dir, tag),
+                                 conversion=cost | {"bytes": sum(e.bytes for e in files)}), synced=True)
     return read_manifest(out)
 
 
-def describe_to_dcp(manifest: dict[str, Any]) -> str:
+def describe_to_dcp(manifest: Manifest) -> str:
     """One line: what was converted, its bytes, seconds and peak memory above the baseline."""
-    c = manifest["conversion"]
+    c = manifest.conversion or {}
     extra = (c["peak_rss_bytes"] - c["baseline_rss_bytes"]) / 2**20
-    ranks = counted(manifest["source_world_size"], "rank")
-    return (f"{manifest['tag']} (saved by {ranks}, step {manifest['step']}) is now a "
-            f"DCP checkpoint of {c['bytes'] / 2**20:.1f} MiB in {len(manifest['files'])} files, read from its "
+    ranks = counted(manifest.source_world_size, "rank")
+    return (f"{manifest.tag} (saved by {ranks}, step {manifest.step}) is now a "
+            f"DCP checkpoint of {c['bytes'] / 2**20:.1f} MiB in {len(manifest.files)} files, read from its "
             f"{c.get('route', UNIVERSAL_COPY)} and written in "
             f"{secs(c['seconds'])} s with a peak of {extra:.0f} MiB above the converter's baseline; FSDP2 loads it on "
             "any number of ranks with dcp.load and set_state_dict")
@@ -558,18 +548,22 @@ def write_params(folder: Path, zero: Path, params: dict[str, tuple[int, ...]], n
     for name in names:
         (zero / name).mkdir(parents=True)
         for kind, key in ((WEIGHTS, f"model.{name}"), *((m, f"optimizer.state.{name}.{m}") for m in MOMENTS)):
-            torch.save(got.pop(key).flatten(), zero / name / f"{kind}.pt")  # popped: freed once written
+            save(got.pop(key).flatten(), zero / name / f"{kind}.pt")  # popped: freed once written
     return [got[f"optimizer.state.{name}.step"] for name in names]
+
+
+def save(obj: Any, path: Path) -> None:
+    """torch.save into a Python file object: a full disk then raises its OSError (through a path, torch's C++ writer
+    says only "iostream error")."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def tied_names(config: str) -> dict[str, str]:
     """Each tied weight's other names -> its first name, from the model `config` builds on the meta device."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config(config))
-    first: dict[int, str] = {}
+    model, first = meta_model(model_config(config)), {}
     return {name: first.setdefault(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)
             if first.setdefault(id(p), name) != name}
 
@@ -593,11 +587,11 @@ def zero_states(params: dict[str, Any], ties: dict[str, str], values: dict[str, 
             CLIENT_KEY: train}
 
 
-def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> dict[str, Any]:
+def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> Manifest:
     """Convert a committed DCP checkpoint (to-dcp's or the FSDP2 worker's) into a ZeRO-3 checkpoint folder
     `out_dir` whose universal copy `train --resume` loads on any number of ranks; returns the universal manifest."""
     folder, out = Path(dcp_dir), Path(out_dir).absolute()
-    source = verify_universal(folder, kind=DCP_KIND)
+    source = verify_folder(folder, DCP_KIND)
     check_output(out)
     ties, hf_config = tied_names(config), model_config(config)  # a bad --config: now
     with staged(out) as tmp:
@@ -605,35 +599,31 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> dict[str,
     return read_manifest(universal_dir(out, tag))
 
 
-def write_zero(folder: Path, out: Path, source: dict[str, Any], ties: dict[str, str], hf_config: Any) -> str:
+def write_zero(folder: Path, out: Path, source: Manifest, ties: dict[str, str], hf_config: Any) -> str:
     """Write the DCP checkpoint `folder` into `out` as a ZeRO-3 checkpoint folder of one universal copy; its tag."""
-    import torch
 
     start = time.perf_counter()
     names, group, values = dcp_globals(folder)
     meta = dcp_metadata(folder).state_dict_metadata
     params = {n: tuple(meta[f"model.{n}"].size) for n in names}
-    tag, train = tag_for(source["step"]), {k: v for k, v in values.items() if k.startswith("train_state.")}
+    tag, train = tag_for(source.step), {k: v for k, v in values.items() if k.startswith("train_state.")}
     uni = universal_dir(out, tag)
     with large_frees_returned(), no_zip_crc():
         steps = [s for names in param_batches(params) for s in write_params(folder, uni / "zero", params, names)]
-    torch.save({"optimizer_state_dict": {"state": {0: {"step": steps[0]}}, "param_groups": [{**group, "params": [0]}]},
-                "param_groups": [{**group, "params": [0]}]}, uni / "zero" / "optimizer_state.pt")
-    states = zero_states(params, ties, values, source["source_world_size"])
-    torch.save(states, uni / "zero_pp_rank_0_mp_rank_00_model_states.pt")
-    identity = {"model": (source.get("identity") or {}).get("model"), "num_params": sum(
+    save({"optimizer_state_dict": {"state": {0: {"step": steps[0]}}, "param_groups": [{**group, "params": [0]}]},
+          "param_groups": [{**group, "params": [0]}]}, uni / "zero" / "optimizer_state.pt")
+    states = zero_states(params, ties, values, source.source_world_size)
+    save(states, uni / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    identity = {"model": (source.identity or {}).get("model"), "num_params": sum(
         math.prod(s) for s in params.values()), "global_batch": train["train_state.global_batch"]}
     atomic_write(out / "config.json", hf_config.to_json_string())
     (out / tag).mkdir()
-    atomic_write(out / tag / MANIFEST, json.dumps({"format": FORMAT, "tag": tag, "step": source["step"],
-                                                   "world_size": 0, "identity": identity, "from_dcp": str(folder),
-                                                   "files": []}, indent=1))  # no rank files: load the universal copy
-    files = file_entries(uni)
+    commit(out / tag, Manifest(tag, source.step, [], world_size=0, identity=identity, from_dcp=str(folder)))
+    files = entries_under(uni)  # no rank files in the tag: DeepSpeed loads the universal copy
     cost = {"seconds": time.perf_counter() - start, "peak_rss_bytes": meters.rss_high_water() or 0,
-            "bytes": sum(f["bytes"] for f in files), "source_bytes": sum(f["bytes"] for f in source["files"])}
-    atomic_write(uni / MANIFEST, json.dumps({
-        "format": FORMAT, "kind": UNIVERSAL, "tag": tag, "step": source["step"],
-        "source_world_size": source["source_world_size"], "identity": identity,
-        "source_manifest_sha256": manifest_hash(out, tag), "conversion": cost, "files": files}, indent=1))
+            "bytes": sum(e.bytes for e in files), "source_bytes": source.total_bytes()}
+    commit(uni, Manifest(tag, source.step, files, kind=UNIVERSAL, identity=identity,
+                         source_world_size=source.source_world_size, source_manifest_sha256=manifest_hash(out, tag),
+                         conversion=cost))
     atomic_write(out / "latest", tag)
     return tag

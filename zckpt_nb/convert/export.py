@@ -26,9 +26,9 @@ from zckpt_nb.convert.verify import check_output, newest_committed
 from zckpt_nb.convert.zero_to_fp32 import shard_files, zero_to_fp32_script
 from zckpt_nb.data import corpus_text
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
-from zckpt_nb.format.disk import atomic_write, check_writable, staged, umask
+from zckpt_nb.format.disk import check_writable, read_json, staged, umask
 from zckpt_nb.format.layout import EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
-from zckpt_nb.format.manifest import FORMAT, file_record, sha256_file
+from zckpt_nb.format.manifest import Manifest, commit, entries_under
 from zckpt_nb.measure import meters
 from zckpt_nb.measure.meters import ready_to_time
 from zckpt_nb.model import gpt2_config
@@ -136,7 +136,12 @@ def model_config(ckpt_dir: Path, config: str | Path | None = None) -> Any:
         except (OSError, ValueError) as e:
             raise UsageError(f"cannot read the model's config from {source}: {first_line(e)}") from None
     if config is None and (ckpt_dir / "run.json").is_file():
-        return gpt2_config(json.loads((ckpt_dir / "run.json").read_text())["model"])
+        run = read_json(ckpt_dir / "run.json")
+        try:
+            return gpt2_config(run.get("model") if isinstance(run, dict) else None)
+        except ValueError as e:
+            raise UsageError(f"{ckpt_dir / 'run.json'} names no preset to rebuild the model from ({e}); pass "
+                             "--config PATH") from None
     raise UsageError(f"{source} has no config.json to rebuild the model from; pass --config PATH (the model's "
                      "config.json, or its folder) or put the model's config.json beside 'latest'")
 
@@ -170,16 +175,14 @@ def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name
     """Write the weights (streamed from the rank files, tied weights once), the tokenizer if the checkpoint has one,
     and the model card."""
     config = model_config(ckpt_dir, config_source)
-    tensors = write_weights(ckpt_dir, tag, config, dest, max_shard_size)
+    tensors = write_weights(ckpt_dir, tag, config, dest, max_shard_size, check=config_source is not None)
     tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
         if (ckpt_dir / "tokenizer.json").is_file() else None
     world_size = tag_world_size(ckpt_dir, tag)
     facts = run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size)
     write_card(dest, facts, name)
-    files = [file_record(p, dest, None, sha256_file(p)) for p in sorted(dest.iterdir())]
-    atomic_write(dest / MANIFEST, json.dumps({"format": FORMAT, "kind": EXPORT_KIND, "tag": tag,
-                                              "step": facts["steps"], "files": files}, indent=1))
     share_permissions(dest)
+    commit(dest, Manifest(tag, facts["steps"], entries_under(dest), kind=EXPORT_KIND))  # what --overwrite replaces
 
 
 def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.verify import verify_tag, verify_universal
+from zckpt_nb.convert.verify import verify_folder, verify_tag
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.layout import MANIFEST, RANK_FILE, latest_name
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, is_plain_name, latest_name
 from zckpt_nb.format.sizes import exact_ratio
 
 
@@ -99,13 +99,15 @@ def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> Checkpoi
     """
     ckpt_dir = Path(ckpt_dir)
     tag = tag or latest_name(ckpt_dir)
+    if tag is not None and not is_plain_name(tag):
+        raise CheckpointError(f"checkpoint tag {tag[:60]!r} is not a folder name inside {ckpt_dir}; pass --tag")
     if tag is None or not (ckpt_dir / tag).is_dir():
         raise FileNotFoundError(f"no checkpoint {tag or '(latest)'} in {ckpt_dir}")
     status, names = "not committed: it has no manifest, so its files are unverified; `python -m zckpt_nb adopt` " \
         "commits it", None
     if (ckpt_dir / tag / MANIFEST).is_file():
         manifest = verify_tag(ckpt_dir, tag)
-        adopted, names = manifest.get("adopted"), [e["path"] for e in manifest["files"]]
+        adopted, names = manifest.adopted, [e.path for e in manifest.files]
         status = f"adopted (written by DeepSpeed {adopted['deepspeed_version']})" if adopted else \
             "committed by zckpt_nb"
     files = shard_paths(ckpt_dir / tag, names)
@@ -137,7 +139,7 @@ def inspection_json(info: CheckpointInfo) -> str:
 def universal_params(folder: str | Path) -> list[dict[str, Any]]:
     """Per parameter of a verified universal copy (`convert.reshard`): its elements and each state file's bytes."""
     folder = Path(folder)
-    verify_universal(folder)
+    verify_folder(folder, UNIVERSAL)
     rows = []
     for param in sorted(p for p in (folder / "zero").iterdir() if p.is_dir()):
         fp32 = load(param / "fp32.pt", mmap=True)
@@ -179,10 +181,10 @@ SEED_FILES = {
 
 # Files a real tree holds that the table does not list, and who writes them.
 OTHER_FILES = {
-    "zero_to_fp32.py": "DeepSpeed's offline consolidation script, copied in by save_checkpoint (notebook 04)",
+    "zero_to_fp32.py": "DeepSpeed's offline consolidation script, copied in by save_checkpoint",
     "zero_to_torch.py": "DeepSpeed's wrapper of zero_to_fp32 that can also write fp16/bf16 weights, copied in too",
     "config.json": "the model's transformers config, written by rank 0 (export needs it)",
-    "zckpt_manifest.json": "this package's commit record: sizes and SHA-256 of every file (notebook 05)",
+    "zckpt_manifest.json": "this package's commit record: sizes and SHA-256 of every file",
     "run.json": "this package's record of the run's measurements",
     "launch.log": "this package's launcher log: every rank's output",
 }

@@ -7,12 +7,12 @@ to load them. Nothing in it is fixed text about the outcome: every figure is loo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.layout import MANIFEST, tag_step
-from zckpt_nb.format.manifest import sha256_file
+from zckpt_nb.format.disk import read_json
+from zckpt_nb.format.layout import MANIFEST
+from zckpt_nb.format.manifest import read_manifest, sha256_file
 
 CARD = "README.md"
 
@@ -27,16 +27,21 @@ def license_id() -> str:
 def loss_at(ckpt_dir: Path, step: int) -> tuple[float | None, str]:
     """The training loss of the step that ended at `step` (the one saved as its tag), and where it was read: this
     package's `run.json`, or the `trainer_state.json` Hugging Face `Trainer` writes beside its checkpoint."""
-    run_path, trainer_path = ckpt_dir / "run.json", ckpt_dir / "trainer_state.json"
-    if run_path.is_file():
-        run = json.loads(run_path.read_text())
+    run, trainer = read_log(ckpt_dir / "run.json"), read_log(ckpt_dir / "trainer_state.json")
+    if run:
         losses = dict(zip(run.get("steps", []), run.get("losses", [])))
         return losses.get(step - 1), "run.json"  # run.json counts steps from 0; the tag counts the steps done
-    if trainer_path.is_file():
-        logged = [e for e in json.loads(trainer_path.read_text()).get("log_history", []) if "loss" in e]
+    if trainer:
+        logged = [e for e in trainer.get("log_history", []) if isinstance(e, dict) and "loss" in e]
         at = [e["loss"] for e in logged if e.get("step") == step]
         return (at[-1] if at else None), "trainer_state.json"
     return None, "no training log beside the checkpoint"
+
+
+def read_log(path: Path) -> dict[str, Any]:
+    """A training log beside the checkpoint (bounded, as any file read here), or nothing."""
+    found = read_json(path) if path.is_file() else {}
+    return found if isinstance(found, dict) else {}
 
 
 def tied_head(config: Any, tensors: dict[str, Any]) -> bool:
@@ -60,17 +65,15 @@ def run_facts(ckpt_dir: Path, tag: str, config: Any, tensors: dict[str, Any], to
     import transformers
 
     manifest_path = ckpt_dir / tag / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    run = json.loads((ckpt_dir / "run.json").read_text()) if (ckpt_dir / "run.json").is_file() else {}
-    step = manifest.get("step", tag_step(tag))
+    manifest, run = read_manifest(ckpt_dir / tag), read_log(ckpt_dir / "run.json")  # export checked the manifest
+    step, adopted = manifest.step, manifest.adopted
     loss, loss_source = loss_at(ckpt_dir, step)
-    adopted = manifest.get("adopted")
     return {
-        "preset": None if adopted else manifest.get("identity", {}).get("model", run.get("model")),
+        "preset": None if adopted else (manifest.identity or {}).get("model", run.get("model")),
         "model_type": config.model_type, "tied": tied_head(config, tensors), "adopted": adopted,
         "parameters": sum(t.shape.numel() for t in tensors.values()),  # as written: a tied head once
         "steps": step, "loss": loss, "loss_source": loss_source, "world_size": world_size, "tag": tag,
-        "manifest_sha256": sha256_file(manifest_path) if manifest else None,
+        "manifest_sha256": sha256_file(manifest_path),
         "vocab_size": config.vocab_size, **tokenizer_facts(tokenizer, config),
         "context": config.max_position_embeddings, "seed": None if adopted else run.get("seed"),
         "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch."),

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.safeload import check_files, load
-from zckpt_nb.convert.verify import verify_tag, verify_universal
+from zckpt_nb.convert.verify import verify_folder, verify_tag
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.disk import atomic_write, fsync_dir, staged
+from zckpt_nb.format.disk import staged
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, universal_dir
-from zckpt_nb.format.manifest import FORMAT, elsewhere, read_manifest, sha256_file
+from zckpt_nb.format.manifest import Manifest, commit, entries_under, read_manifest, sha256_file
 from zckpt_nb.format.units import counted
 from zckpt_nb.measure import meters
 
@@ -59,30 +59,7 @@ def run_converter(src: Path, dst: Path, timeout: float) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - start, "peak_rss_bytes": peak}
 
 
-def file_entries(folder: Path) -> list[dict[str, Any]]:
-    """Manifest entries for every file under `folder`, each fsynced first (durable before the manifest names it)."""
-    entries = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-        entries.append({"path": str(path.relative_to(folder)), "rank": None, "bytes": path.stat().st_size,
-                        "sha256": sha256_file(path)})
-    for sub in sorted({folder, *(p for p in folder.rglob("*") if p.is_dir())}):
-        fsync_dir(sub)
-    return entries
-
-
-def universal_manifest(folder: Path, tag: str, source: dict[str, Any], source_sha: str, cost: dict[str, Any]) -> str:
-    """The universal copy's manifest: what it was converted from, what it cost, every file it holds."""
-    files = file_entries(folder)
-    cost = {**cost, "bytes": sum(f["bytes"] for f in files),
-            "source_bytes": sum(f["bytes"] for f in source["files"])}
-    return json.dumps({"format": FORMAT, "kind": UNIVERSAL, "tag": tag, "step": source["step"],
-                       "source_world_size": source["world_size"], "identity": source.get("identity"),
-                       "source_manifest_sha256": source_sha, "conversion": cost, "files": files}, indent=1)
-
-
-def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> dict[str, Any]:
+def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> Manifest:
     """Convert committed checkpoint `tag` into DIR/universal/<tag>, committed; returns its manifest."""
     ckpt_dir = Path(ckpt_dir)
     source = check_files(ckpt_dir, tag)
@@ -94,69 +71,72 @@ def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> dict[str, A
         latest = tmp.parent / "latest_universal"  # DeepSpeed's converter names its output there; we pass the tag
         if latest.is_file() and latest.read_text().strip() == tmp.name:
             latest.unlink()
-        atomic_write(tmp / MANIFEST, universal_manifest(tmp, tag, source, manifest_hash(ckpt_dir, tag), cost))
+        files = entries_under(tmp)
+        cost |= {"bytes": sum(e.bytes for e in files), "source_bytes": source.total_bytes()}
+        commit(tmp, Manifest(tag, source.step, files, kind=UNIVERSAL, identity=source.identity,
+                             source_world_size=source.world_size,
+                             source_manifest_sha256=manifest_hash(ckpt_dir, tag), conversion=cost))
     return read_manifest(final)
 
 
-def reusable(ckpt_dir: str | Path, tag: str) -> dict[str, Any] | None:
+def reusable(ckpt_dir: str | Path, tag: str) -> Manifest | None:
     """The manifest of a committed universal copy of `tag` converted from its current bytes, else None."""
     folder = universal_dir(ckpt_dir, tag)
     if not (folder / MANIFEST).is_file():
         return None
     try:
-        manifest = verify_universal(folder)
+        manifest = verify_folder(folder, UNIVERSAL)
     except CheckpointError:
         return None  # damaged: convert again
-    return manifest if manifest["source_manifest_sha256"] == manifest_hash(ckpt_dir, tag) else None
+    return manifest if manifest.source_manifest_sha256 == manifest_hash(ckpt_dir, tag) else None
 
 
-def check_loadable(folder: Path) -> None:
+def check_loadable(folder: Path, manifest: Manifest) -> None:
     """Unpickle every file of a verified copy weights-only (DeepSpeed's universal load uses weights_only=False)."""
-    for entry in read_manifest(folder)["files"]:
-        if entry["path"].endswith(".pt"):
-            load(folder / entry["path"], mmap=True)
+    for entry in manifest.files:
+        if entry.path.endswith(".pt"):
+            load(folder / entry.path, mmap=True)
 
 
 def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | None = None,
-                     timeout: float = 600) -> tuple[dict[str, Any], bool]:
+                     timeout: float = 600) -> tuple[Manifest, bool]:
     """A committed universal copy of `tag`, converted now or reused; returns (its manifest, reused?)."""
-    away = elsewhere(verify_tag(ckpt_dir, tag, identity=identity))
+    away = verify_tag(ckpt_dir, tag, identity=identity).elsewhere()
     if away:
         raise CheckpointError(f"{tag} in {ckpt_dir} is one node's part: {len(away)} of its files live on other nodes; "
                               "assemble the parts first (python -m zckpt_nb collect DIR... OUT), then convert OUT")
     manifest = reusable(ckpt_dir, tag)
     if manifest is not None:
-        check_loadable(universal_dir(ckpt_dir, tag))
+        check_loadable(universal_dir(ckpt_dir, tag), manifest)
         return manifest, True
     return convert(ckpt_dir, tag, timeout), False
 
 
-def describe_conversion(manifest: dict[str, Any], reused: bool, world: int | None) -> str:
+def describe_conversion(manifest: Manifest, reused: bool, world: int | None) -> str:
     """A few plain sentences: what was converted (or reused), what it cost, where it loads (on `world` ranks, or
     any)."""
-    c, n = manifest["conversion"], manifest["source_world_size"]
-    saved = f"{manifest['tag']} was saved by {counted(n, 'rank')}" + (f" and this run has {world}."
-                                                                                if world else ".")
+    c, n = manifest.conversion or {}, manifest.source_world_size
+    saved = f"{manifest.tag} was saved by {counted(n, 'rank')}" + (f" and this run has {world}." if world else ".")
     sizes = (f"{c['source_bytes'] / 2**20:.1f} MiB of rank files became {c['bytes'] / 2**20:.1f} MiB in "
-             f"{len(manifest['files'])} files under {UNIVERSAL}/{manifest['tag']}")
+             f"{len(manifest.files)} files under {UNIVERSAL}/{manifest.tag}")
     what = f"Reused its universal copy ({sizes})." if reused else (
         f"Converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS "
         f"{c['peak_rss_bytes'] / 2**20:.0f} MiB): {sizes}.")
-    own = bool((manifest.get("identity") or {}).get("model"))  # this package's preset; else an adopted model
+    own = bool((manifest.identity or {}).get("model"))  # this package's preset; else an adopted model
     where = "Loading it with DeepSpeed's load_universal." if world else \
         "Resume it on any number of ranks with train --resume --nproc M." if own else \
         "It loads on any number of ranks with DeepSpeed's \"checkpoint\": {\"load_universal\": true}."
     return f"{saved} {what} {where}"
 
 
-def bytes_by_kind(manifest: dict[str, Any]) -> dict[str, int]:
+def bytes_by_kind(manifest: Manifest) -> dict[str, int]:
     """Bytes of a manifest's files by kind: model/optimizer states of a save; fp32, moments, ... of a universal copy."""
     kinds: dict[str, int] = {}
-    for entry in manifest["files"]:
-        name = Path(entry["path"]).name
+    for entry in manifest.files:
+        name = Path(entry.path).name
         rank_file = RANK_FILE.search(name)
         kind = f"{rank_file.group(2)} states (rank files)" if rank_file else name
-        kinds[kind] = kinds.get(kind, 0) + entry["bytes"]
+        kinds[kind] = kinds.get(kind, 0) + entry.bytes
     return kinds
 
 

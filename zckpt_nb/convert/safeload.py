@@ -21,7 +21,7 @@ from typing import Any
 
 from zckpt_nb.convert.verify import verify_tag
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.manifest import sha256_file
+from zckpt_nb.format.manifest import Manifest, sha256_file
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's words for a type outside the allowlist
 
@@ -60,15 +60,15 @@ def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | N
         raise CheckpointError(f"cannot read {name}: {type(e).__name__}: {str(e).strip()[:200]}") from None
 
 
-def check_files(ckpt_dir: str | Path, tag: str) -> dict[str, Any]:
+def check_files(ckpt_dir: str | Path, tag: str) -> Manifest:
     """Verify `tag` against its manifest, then unpickle each rank file weights-only (memory-mapped, then dropped).
 
     After this a weights_only=False load of the same bytes (DeepSpeed's converters) builds only allowed types.
     Returns the manifest.
     """
     manifest = verify_tag(ckpt_dir, tag)
-    for entry in manifest["files"]:  # exactly the files just verified (verify_tag refuses any unlisted file)
-        load(Path(ckpt_dir) / tag / entry["path"], mmap=True)
+    for entry in manifest.files:  # exactly the files just verified (verify_tag refuses any unlisted file)
+        load(Path(ckpt_dir) / tag / entry.path, mmap=True)
     return manifest
 
 

@@ -75,6 +75,47 @@ def stored_names(lazy: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def meta_model(config: Any) -> Any:
+    """The causal LM `config` describes, built on the meta device (shapes only, no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:
+    """The model `config` describes has exactly the checkpoint's weights, name for name and shape for shape, or
+    UsageError naming the first difference (an export would otherwise load with random or missing weights).
+
+    A config asking for more elements or layers than the checkpoint holds is refused first; with `build` (a config
+    given by hand; the one beside the checkpoint is covered by its manifest) the model is then built on the meta
+    device and compared, which imports its class (about 100 MiB of RSS, more than a small export needs).
+    """
+    held, count = sum(t.shape.numel() for t in tensors.values()), len(tensors)
+    vocab, width, layers = (int(getattr(config, k, 0) or 0) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    if vocab * width > held or layers > count:
+        raise UsageError(f"the config describes {layers:,} layers and a {vocab:,} x {width:,} embedding, more than "
+                         f"the checkpoint's {held:,} elements in {count} tensors: pass the config the model was "
+                         "trained with (--config)")
+    if not build:
+        return
+    try:
+        model = meta_model(config)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"cannot build a causal LM from the config: {first_line(e)}") from None
+    built = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wanted = {name for name, _ in model.named_parameters()}  # tied weights once, as the checkpoint stores them
+    alone = sorted(wanted - set(tensors)) + sorted(set(tensors) - set(built))
+    if alone:
+        raise UsageError(f"the config's model and the checkpoint differ: {alone[0]} is in only one of them; pass the "
+                         "config the model was trained with (--config)")
+    for name, t in tensors.items():
+        if built[name] != tuple(t.shape):
+            raise UsageError(f"the config gives {name} the shape {built[name]}, the checkpoint {tuple(t.shape)}; "
+                             "pass the config the model was trained with (--config)")
+
+
 def plan_shards(tensors: dict[str, Any], max_shard_size: int) -> Any:
     """huggingface_hub's split of `tensors` into shards of at most `max_shard_size` bytes, planned on shapes alone.
 
@@ -188,7 +229,8 @@ def write_shards(tensors: dict[str, Any], plan: Any, dest: Path) -> None:
         (dest / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def write_weights(ckpt_dir: Path, tag: str, config: Any, dest: Path, max_shard_size: int) -> dict[str, Any]:
+def write_weights(ckpt_dir: Path, tag: str, config: Any, dest: Path, max_shard_size: int,
+                  check: bool = False) -> dict[str, Any]:
     """Write the weights, `config.json` and `generation_config.json` into `dest`; return the tensors written.
 
     Names, shapes and ties come from the checkpoint (the engine's own module), not from a model built from `config`:
@@ -199,6 +241,7 @@ def write_weights(ckpt_dir: Path, tag: str, config: Any, dest: Path, max_shard_s
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     tensors = stored_names(lazy_state_dict(ckpt_dir, tag))
+    check_shapes(config, tensors, build=check)
     write_shards(tensors, plan_shards(tensors, max_shard_size), dest)
     # what save_pretrained records: the class that loads the weights, and their dtype (fp32 master weights)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]

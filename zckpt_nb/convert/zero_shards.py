@@ -64,8 +64,8 @@ def largest_state(states: dict[str, Any]) -> int:
 class ShardReader:
     """One parameter's fp32 weights or Adam moment, gathered from every rank's partition of a ZeRO-3 tag folder."""
 
-    def __init__(self, folder: Path) -> None:
-        ranks = shard_paths(folder)
+    def __init__(self, folder: Path, names: list[str] | None = None) -> None:
+        ranks = shard_paths(folder, names)  # the manifest's rank files, where there is one
         self.states = load(ranks[0]["model"], mmap=True)  # rank 0's model states, read once: names, shapes, ties
         self.unit = largest_state(self.states)
         self.models = MappedFiles([ranks[r]["model"] for r in sorted(ranks)], self.unit // 2)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import shutil
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.errors import UsageError
+from zckpt_nb.errors import CheckpointError, UsageError, os_error_in
 
 PAGE = mmap.PAGESIZE
 
@@ -37,6 +38,17 @@ def atomic_write(path: Path, text: str, before_rename: Callable[[], None] | None
         before_rename()
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def read_json(path: Path, limit: int = 64 << 20) -> Any:
+    """A JSON file of at most `limit` bytes (checked before it is read); CheckpointError in one line otherwise."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > limit:
+                raise ValueError(f"it is larger than {limit >> 20} MiB")
+            return json.loads(f.read())
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"cannot read {path}: {e}") from None
 
 
 def nearest_existing(path: Path) -> Path:
@@ -110,7 +122,10 @@ def staged(target: Path) -> Iterator[Path]:
     try:
         yield tmp
         replace_folder(tmp, target)
-    except BaseException:
+    except BaseException as error:
+        cause = os_error_in(error)
+        if cause is not None and not cause.filename:  # a write's ENOSPC names no file: name the output
+            cause.filename = str(target)
         shutil.rmtree(tmp, ignore_errors=True)
         for path in reversed(made):  # folders made for target's parents: the tree is left as it was
             if path.is_dir() and not any(path.iterdir()):

@@ -65,14 +65,19 @@ def incomplete_tags(ckpt_dir: str | Path) -> list[str]:
 
 
 def is_plain_name(name: Any) -> bool:
-    """A file or folder name alone: no folder part, not absolute, not '.' or '..'."""
-    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
+    """A file or folder name alone: no folder part, not absolute, not '.' or '..', no NUL, at most 255 bytes."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "\0" not in name and len(name.encode()) <= 255
+            and Path(name).name == name)
 
 
 def latest_name(ckpt_dir: str | Path) -> str | None:
-    """What `latest` names (None without one)."""
+    """What `latest` names (None without one), read up to 256 bytes: a longer text is no folder name, and is
+    refused as one by whoever uses it."""
     path = Path(ckpt_dir) / "latest"
-    return path.read_text().strip() if path.is_file() else None
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return f.read(256).decode(errors="replace").strip()
 
 
 UNIVERSAL = "universal"  # DIR/universal/<tag>: never a tag folder of DIR itself, so rotation and resume skip it

@@ -90,7 +90,7 @@ def tensor_dtypes(dcp_dir: str | Path, keys: tuple[str, ...] = ("model", "optimi
 def stage_seconds(costs: dict[str, Any]) -> dict[str, float]:
     """The seconds of to-dcp's measured stages, from the manifest's conversion fields (new keys ignored): the
     universal copy when this command made it, the DCP writer, and the wait for the rank files' hash check."""
-    c = costs["manifest"]["conversion"]
+    c = costs["manifest"].conversion
     made = via_universal(costs) and not c.get("universal", {}).get("reused", False)
     return {"ds_to_universal": c.get("universal", {}).get("seconds", 0.0) if made else 0.0, "DCP writer": c["seconds"],
             "hash check wait": c.get("check_wait_seconds", 0.0)}
@@ -120,7 +120,7 @@ def time_summary(costs: dict[str, Any]) -> str:
 
 def time_made_of(costs: dict[str, Any]) -> str:
     """What the two times are made of: start-up and imports against bytes, and where the bytes would dominate."""
-    mine, written = costs["to_dcp"]["seconds"], costs["manifest"]["conversion"]["bytes"]
+    mine, written = costs["to_dcp"]["seconds"], costs["manifest"].conversion["bytes"]
     ratio = written / costs["zero_to_fp32"]["bytes"]
     return (f"Of to-dcp's {secs(mine)} s, {secs(startup_seconds(costs))} s lay outside its timed stages: process "
             "start-up and imports, which zero_to_fp32.py, a process of its own, pays too. The bytes are another "
@@ -131,12 +131,12 @@ def time_made_of(costs: dict[str, Any]) -> str:
 
 def via_universal(costs: dict[str, Any]) -> bool:
     """Whether to-dcp read the universal copy (made or reused) rather than the rank files themselves."""
-    return costs["manifest"]["conversion"].get("route", "universal copy") == "universal copy"
+    return costs["manifest"].conversion.get("route", "universal copy") == "universal copy"
 
 
 def cost_rows(costs: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per route or stage: what it keeps, seconds, peak RSS of its own process, bytes written."""
-    c, mib = costs["manifest"]["conversion"], 2**20
+    c, mib = costs["manifest"].conversion, 2**20
     uni, everything = c["universal"], "weights, both moments, step, LR, data position"
     fp32 = costs["zero_to_fp32"]
     rows = [{"route": "zero_to_fp32.py", "keeps": "fp32 weights", "time (s)": secs(fp32["seconds"]),
@@ -161,7 +161,7 @@ def cost_rows(costs: dict[str, Any]) -> list[dict[str, Any]]:
 def peak_sentence(costs: dict[str, Any], num_params: int) -> str:
     """What the DCP writer's peak is made of: its baseline, one parameter's state at a time, and fixed costs; and
     where its bound (2x the largest parameter's fp32 state) is checked when this run is too small to show it."""
-    c, mib = costs["manifest"]["conversion"], 2**20
+    c, mib = costs["manifest"].conversion, 2**20
     extra, bound, full = c["peak_rss_bytes"] - c["baseline_rss_bytes"], costs["bound_bytes"], 12 * num_params
     made_of = (f"The DCP writer's peak ({c['peak_rss_bytes'] / mib:.0f} MiB) is its process's baseline "
                f"({c['baseline_rss_bytes'] / mib:.0f} MiB: the process with torch loaded and its source opened, "
@@ -180,10 +180,10 @@ def peak_sentence(costs: dict[str, Any], num_params: int) -> str:
 
 def principle_sentence(costs: dict[str, Any], num_params: int) -> str:
     """The principle's "full P on rank 0, all-gather + conversion" for a cross-framework export, against the run."""
-    c, mib = costs["manifest"]["conversion"], 2**20
+    c, mib = costs["manifest"].conversion, 2**20
     stage1 = (f" Stage 1 (ds_to_universal) peaked at {c['universal']['peak_rss_bytes'] / mib:.0f} MiB in its own "
               "process." if via_universal(costs) and not c["universal"]["reused"] else "")
-    ranks = f"the {costs['manifest']['source_world_size']} ranks' files"
+    ranks = f"the {costs['manifest'].source_world_size} ranks' files"
     source = f"the universal copy made from {ranks}" if via_universal(costs) else f"{ranks} directly"
     shown = (" (the peak above)" if c["peak_rss_bytes"] - c["baseline_rss_bytes"] <= costs["bound_bytes"]
              else " by design (docs/dcp.md measures it on `large`)")
@@ -245,7 +245,7 @@ def gaps_summary(base: Any, fsdp: Any, back: Any) -> str:
 
 def fsdp_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAULT_FSDP_NPROC) -> str:
     """Exercise: the same DCP files loaded on another number of FSDP2 ranks, against the default's."""
-    files, n = len(read_manifest(dcp_dir)["files"]), fsdp.world_size
+    files, n = len(read_manifest(dcp_dir).files), fsdp.world_size
     gap, (bound, told) = max(leg_gaps(base, fsdp)), tolerance(base)
     share = "all" if n == 1 else f"about {base.num_params / n:,.0f}"
     than = ("" if n == default else f" (against {base.num_params / default:,.0f} on the default {default} ranks)")
@@ -263,7 +263,7 @@ def fsdp_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAUL
 
 def switch_answer(base: Any, fsdp: Any, dcp_dir: str | Path, default: int = DEFAULT_SWITCH_STEP) -> str:
     """Exercise: where the switch is, the step and learning rate carried over, against the default switch's."""
-    step, lr, lrs = read_manifest(dcp_dir)["step"], fsdp.data["lrs"][0], base.data["lrs"]
+    step, lr, lrs = read_manifest(dcp_dir).step, fsdp.data["lrs"][0], base.data["lrs"]
     same = "the same as" if math.isclose(lr, lrs[step], rel_tol=1e-9) else "NOT the same as"
     other = (f" Leaving at the default step {default}, it would have been {lrs[default]:.3e}: the learning rate "
              "crossed over is the schedule's own at the switch step, wherever that is."

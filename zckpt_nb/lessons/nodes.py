@@ -9,7 +9,6 @@ from typing import Any
 
 from zckpt_nb.convert.verify import verify
 from zckpt_nb.format.layout import RANK_FILE, latest_name
-from zckpt_nb.format.manifest import elsewhere
 from zckpt_nb.lessons.together import together
 from zckpt_nb.run.devices import machine, node_placements
 from zckpt_nb.run.launch import free_port, launch
@@ -41,10 +40,10 @@ def folder_rows(dirs: list[str | Path]) -> list[dict[str, Any]]:
         tag = latest_name(folder)
         manifest = verify(folder, tag)
         ranks = sorted({int(m.group(1)) for p in (folder / tag).iterdir() if (m := RANK_FILE.search(p.name))})
-        away = elsewhere(manifest)
-        here = len(manifest["files"]) - len(away)
+        away = manifest.elsewhere()
+        here = len(manifest.files) - len(away)
         rows.append({"folder": folder.name, "latest": tag, "ranks whose files it holds": ", ".join(map(str, ranks)),
-                     "files its manifest lists": len(manifest["files"]), "of them on other nodes": len(away),
+                     "files its manifest lists": len(manifest.files), "of them on other nodes": len(away),
                      "verify says": f"ok: the {here} files here match their SHA-256" + (
                          "; the others are checked on their nodes" if away else "")})
     return rows

@@ -43,9 +43,9 @@ def folder_rows(folder: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def adopted_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def adopted_rows(manifest: Any) -> list[dict[str, Any]]:
     """What `adopt` read from the files, one row per fact."""
-    facts = {**manifest["adopted"], **manifest.get("identity", {})}
+    facts = {**manifest.adopted, **(manifest.identity or {})}
     return [{"fact": k.replace("_", " "), "value": v} for k, v in facts.items()]
 
 

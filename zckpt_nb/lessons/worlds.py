@@ -85,12 +85,12 @@ def nodes_answer(rows: list[dict[str, Any]], default_nodes: int) -> str:
         + versus)
 
 
-def resumption_sentence(manifest: dict[str, Any], trap_world: int, refused: bool) -> str:
+def resumption_sentence(manifest: Any, trap_world: int, refused: bool) -> str:
     """What sections 3 and 4 measured against the principle's 'a partitioned checkpoint is optimal for training
     resumption': so on the world size that saved it only; on any other, after a conversion (its figures are printed
     beside the sentence by `describe_conversion`, so they are not repeated). `refused`: whether DeepSpeed's
     loader stopped on `trap_world` ranks."""
-    n = manifest["source_world_size"]
+    n = manifest.source_world_size
     ranks = counted(trap_world, "rank")
     return (f"The principle calls a partitioned checkpoint optimal for training resumption. That holds on the {n} "
             f"ranks that saved it only: there each rank loads its own files as they are. "
@@ -99,19 +99,19 @@ def resumption_sentence(manifest: dict[str, Any], trap_world: int, refused: bool
             "bytes the line above gives (what those bytes are: below the figure).")
 
 
-def universal_sentence(copy: dict[str, Any], source: dict[str, Any], elements: int, folders: int,
+def universal_sentence(copy: Any, source: Any, elements: int, folders: int,
                        num_params: int) -> str:
     """What the universal copy holds, from its manifest and the source's: elements against P, and its bytes by kind
     against the source's (`convert.reshard.bytes_by_kind`)."""
-    kinds, total = bytes_by_kind(copy), copy["conversion"]["bytes"]
-    rank0_optim = next(e["bytes"] for e in source["files"] if (m := RANK_FILE.search(Path(e["path"]).name))
+    kinds, total = bytes_by_kind(copy), copy.conversion["bytes"]
+    rank0_optim = next(e.bytes for e in source.files if (m := RANK_FILE.search(Path(e.path).name))
                        and m.groups() == ("0", "optim"))  # bf16_zero_pp_rank_0_... in bf16
     per_param = sum(kinds.get(k, 0) for k in ("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt"))
     states = sum(v for k, v in kinds.items() if k.startswith("model states"))
     count = ("exactly P, with no padding (each rank cuts its own on loading)" if elements == num_params else
              f"not P = {num_params:,}: the copy is incomplete")
     return (f"The {folders} parameter folders hold {elements:,} elements: {count}. The copy's {total:,} bytes are "
-            f"{total / copy['conversion']['source_bytes']:.2f}x the source's: {per_param:,} in the per-parameter "
+            f"{total / copy.conversion['source_bytes']:.2f}x the source's: {per_param:,} in the per-parameter "
             f"files (fp32 weights and Adam's two moments of all P, each file with its own pickle header); "
             f"{kinds.get('optimizer_state.pt', 0):,} in `zero/optimizer_state.pt`, "
             f"{kinds.get('optimizer_state.pt', 0) / rank0_optim:.2f}x rank 0's optimizer file, which DeepSpeed's "

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import describe_error, is_peer_failure, peer_failure
-from zckpt_nb.format.disk import atomic_write, fsync_dir, nearest_existing, write_once
+from zckpt_nb.format.disk import atomic_write, nearest_existing, write_once
 from zckpt_nb.format.layout import MANIFEST, committed_tags, node_rank, writes_folder
-from zckpt_nb.format.manifest import checkpoint_manifest
+from zckpt_nb.format.manifest import Manifest, commit, shared_entries
 from zckpt_nb.format.records import SaveOutcome
 from zckpt_nb.format.sizes import save_bytes
 from zckpt_nb.format.units import mib
@@ -127,12 +127,10 @@ def finish_deepspeed_save(engine: Any) -> None:
     dist.barrier()
 
 
-def commit_folder(save_dir: Path, tag: str, manifest: str, before_latest: Callable[[], None]) -> None:
-    """Step 4: the manifest, then `latest`, each by temporary file + fsync + rename."""
-    tag_dir = save_dir / tag
-    fsync_dir(tag_dir)  # every rank's file entries are durable before the manifest names them
-    atomic_write(tag_dir / MANIFEST, manifest)
-    fsync_dir(save_dir)
+def commit_folder(save_dir: Path, tag: str, manifest: Manifest, before_latest: Callable[[], None]) -> None:
+    """Step 4: the manifest (`format.manifest.commit`: the files were fsynced as written), then `latest`, by
+    temporary file + fsync + rename."""
+    commit(save_dir / tag, manifest, synced=True)
     atomic_write(save_dir / "latest", tag, before_rename=before_latest)
 
 
@@ -147,8 +145,9 @@ def agree_and_commit(writer: ZckptEngine, save_dir: Path, tag: str, step: int, f
     error, commit_error = first_errors(reports), None
     if not error and writes:
         try:
-            manifest = checkpoint_manifest(save_dir, tag, step, dist.get_world_size(), identity, reports,
-                                           node=node_rank() if node_local else None)
+            entries = sorted((f for r in reports for f in r["files"]), key=lambda f: (f.rank, f.path))
+            manifest = Manifest(tag, step, entries, world_size=dist.get_world_size(), identity=identity,
+                                shared=shared_entries(save_dir), node=node_rank() if node_local else None)
             commit_folder(save_dir, tag, manifest, lambda: writer.protocol_point("latest"))
         except OSError as e:
             commit_error = describe_error(e, e.filename or save_dir / tag, files.rank, "committing")

@@ -26,7 +26,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngi
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.errors import describe_error
 from zckpt_nb.format.layout import node_rank
-from zckpt_nb.format.manifest import file_record
+from zckpt_nb.format.manifest import FileEntry, file_entry
 from zckpt_nb.format.records import SaveMode
 from zckpt_nb.format.writer import DirectFile
 from zckpt_nb.measure.meters import pinned_host_bytes
@@ -74,9 +74,9 @@ class Files:
         if snapshot.pins(state):  # torch's pinned pool rounds up to powers of two: up to 2x snapshot_bytes
             self.pinned_bytes = pinned_host_bytes()
 
-    def records(self, tag_dir: Path) -> list[dict[str, Any]]:
+    def records(self, tag_dir: Path) -> list[FileEntry]:
         """Manifest entries for the files this rank wrote."""
-        return [file_record(path, tag_dir, self.rank, sha) | {"node": node_rank()} for path, sha in self.written]
+        return [file_entry(path, tag_dir, sha, self.rank, node_rank()) for path, sha in self.written]
 
 
 class ZckptEngine(CheckpointEngine):

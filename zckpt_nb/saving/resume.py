@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.reshard import describe_conversion, ensure_universal
 from zckpt_nb.convert.verify import tag_to_resume, verify_tag
-from zckpt_nb.errors import CheckpointError
+from zckpt_nb.errors import CheckpointError, first_line
 from zckpt_nb.format.client_state import CLIENT_KEY, set_rng_state
 from zckpt_nb.format.layout import UNIVERSAL, committed_tags
 from zckpt_nb.format.manifest import read_manifest
@@ -20,8 +21,8 @@ def saved_world_size(ckpt_dir: str | Path) -> int | None:
     """World size of the checkpoint a resume would pick (None when there is none or it is unreadable)."""
     try:
         tag, _ = tag_to_resume(ckpt_dir)
-        return int(read_manifest(Path(ckpt_dir) / tag)["world_size"])
-    except (CheckpointError, KeyError, TypeError, ValueError):
+        return read_manifest(Path(ckpt_dir) / tag).world_size
+    except CheckpointError:
         return None
 
 
@@ -39,8 +40,8 @@ def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any] | None,
         if tag is None:
             tag, note = tag_to_resume(ckpt_dir, everywhere)
         verify_tag(ckpt_dir, tag, world_size=world, identity=identity, ranks=[rank])
-    except (CheckpointError, OSError) as e:  # a rank's own failure, agreed by every rank below
-        error = f"rank {rank}: {e}"
+    except Exception as e:  # a rank's own failure, whatever it is, agreed by every rank below
+        error = f"rank {rank}: {e if isinstance(e, CheckpointError) else first_line(e)}"
     errors = [e for e in gather(error) if e]
     if errors:
         raise CheckpointError(errors[0])
@@ -71,12 +72,13 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
             manifest, reused = ensure_universal(ckpt_dir, tag, identity, timeout)
             line = describe_conversion(manifest, reused, world)
             result = {"tag": tag, "note": f"{note}; {line}" if note else line, "manifest": manifest, "reused": reused}
-        except CheckpointError as e:
-            result = {"error": str(e)}
+        except Exception as e:  # rank 0's failure, whatever it is, is every rank's verdict
+            result = {"error": f"rank 0: {e if isinstance(e, CheckpointError) else first_line(e)}"}
     result = gather(result)[0]  # rank 0's verdict on every rank
     if "error" in result:
         raise CheckpointError(result["error"])
-    return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, {**result["manifest"], "reused": result["reused"]}
+    record = {**asdict(result["manifest"]), "reused": result["reused"]}  # what run.json records of the copy
+    return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, record
 
 
 def load_verified(engine: Any, load_dir: str | Path, tag: str, restore_rng: bool = True) -> dict[str, Any]:
