@@ -34,12 +34,11 @@ def test_every_step_trains_at_the_lr_deepspeeds_scheduler_gives(full_run, extend
 
 
 def test_the_change_is_said_in_one_line(extended):
-    line = schedule.describe_schedule(extended.schedule, LONGER)
-    assert line and any(line in text for text in extended.log)
+    [line] = [text for text in extended.log if "LR schedule" in text or "--new_schedule:" in text]
     assert ("--new_schedule:" in line) == extended.schedule.new_schedule
+    assert f"{STEPS}" in line and f"{LONGER}" in line
 
 
 def test_a_resume_with_the_same_steps_says_nothing(resumed_run):
     assert resumed_run.schedule.checkpoint_horizon == STEPS
-    assert schedule.describe_schedule(resumed_run.schedule, STEPS) is None
     assert not any("LR schedule" in text or "--new_schedule" in text for text in resumed_run.log)

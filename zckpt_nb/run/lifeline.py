@@ -1,17 +1,10 @@
 """Ranks die with their launcher, whatever kills it; the CLI treats SIGTERM and SIGHUP like Ctrl-C.
 
-torchrun starts each rank in a session of its own, so a signal to the launcher's process group never
-reaches the ranks, and a launcher killed by SIGKILL cannot clean up: the ranks would go on training and
-writing checkpoints as orphans. Two guards in every rank (`arm`):
-
-- the kernel's: `prctl(PR_SET_PDEATHSIG, SIGKILL)` kills the rank the moment its parent, torchrun, dies;
-- a watchdog thread: once a second it checks that the rank's parent is unchanged and that the process that
-  called `launch` (the CLI or a notebook kernel, named by `ZCKPT_LAUNCHER`) is still alive, and ends the
-  rank with one line when not. torchrun then sees its ranks fail and exits too.
-
-And a rank that finished leaves without the interpreter's teardown (`leave`): once in a few dozen CPU runs a C++
-thread of the gloo backend is still joinable when static destructors run, and `std::terminate` turns a finished
-rank into SIGABRT ("terminate called without an active exception"), which torchrun reports as a failed job.
+torchrun starts each rank in a session of its own: a signal to the launcher's group never reaches them, and a
+launcher killed by SIGKILL cannot clean up. So every rank (`arm`) asks the kernel to kill it with its parent
+(`PR_SET_PDEATHSIG`) and runs a watchdog that ends it once its parent or the process that called `launch`
+(`ZCKPT_LAUNCHER`) is gone. A finished rank leaves without the interpreter's teardown (`leave`), where a gloo thread
+can still abort it (SIGABRT, "terminate called without an active exception").
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""One job per output folder: `DIR/.zckpt_lock` names the host and pid of the job writing there.
-
-Two jobs saving into one folder would rotate each other's checkpoints away and move `latest` back and
-forth. `launch` takes the lock before anything is written and gives it back when the job ends (however
-it ends, short of the launcher being killed with SIGKILL). A lock whose process is gone (on this host)
-is stale: it is taken over, with one line saying so. A lock of another host is never judged stale: this
-host cannot see that process.
-
-On several nodes sharing one folder, each node's launcher takes a lock file of its own (`.zckpt_lock` on
-node 0, `.zckpt_lock.node{K}` on node K) naming the job (its rendezvous address); a node refuses the folder
-when another node's lock names another job, so the nodes of one job admit each other and two jobs do not.
+"""One job per output folder: `DIR/.zckpt_lock` names the host and pid of the job writing there (two jobs would
+rotate each other's checkpoints away). `launch` takes it before anything is written and gives it back however the job
+ends; a lock whose process is gone on this host is taken over, saying so. On several nodes each node's launcher takes
+its own (`.zckpt_lock.node{K}`) naming the job, so the nodes of one job admit each other and two jobs do not.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The training worker's options, defined once: `launch()` takes them as typed keywords, the `train` CLI and the
-worker's own argparse are derived from the same fields, and the worker gets them back as a `TrainOptions`.
-
-Each field's metadata holds its help text (and its choices); a `bool` field is a flag. `TrainOptions.argv()` spells
-the options as the worker's command line (only what differs from a default), `TrainOptions.parse` reads them back.
+"""The training worker's options, defined once: `launch()` takes them as typed keywords, and the `train` CLI and the
+worker's argparse are derived from the same fields (help and choices in each field's metadata; a `bool` is a flag).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """One way in for every save: `Checkpointer.save`, and `save`, `wait` and `resume` for a training loop of your own.
 
-The seed's snippet guards the whole save with `if dist.get_rank() == 0:`. Under ZeRO-3 that hangs: `save_checkpoint`
-is collective, so rank 0 waits forever for ranks that never arrive. The guard belongs around what one process alone
-should do (creating the folder, writing the tokenizer): here the folder's writer does that in the commit protocol's
-preflight, and every rank calls `save`.
-
-The mode is a `SaveMode` (as torchtitan's `CheckpointManager.save` takes an `AsyncMode`), or a `Route` that runs in
-the ranks (one consolidated model written into the output folder, `saving.routes`). Only `commit` and `async` are
-durable and resumable with `resume`.
+Every rank calls `save` (under ZeRO-3 `save_checkpoint` is collective: the seed's `if rank == 0:` around it hangs);
+what one process alone should do, the folder and the tokenizer, the folder's writer does in the preflight. The mode
+is a `SaveMode` (as torchtitan's `CheckpointManager.save` takes an `AsyncMode`), or a `Route` run in the ranks.
 """
 
 from __future__ import annotations
@@ -61,12 +56,9 @@ def save_plain(engine: Any, save_dir: Path, tag: str, step: int, state: dict[str
 
 
 class Checkpointer:
-    """Every save mode behind one call. Build one on every rank; call `save` on every rank at the same steps.
-
-    `tokenizer` and `identity` (what the manifest records about the model) are optional; `keep_last` keeps the
-    newest K committed checkpoints. An `async` checkpointer has at most one save in flight: `poll` picks up its
-    outcome once committed, `finish` waits for it (call it before the end of training).
-    """
+    """Every save mode behind one call; build one on every rank and call `save` on every rank at the same steps.
+    `identity` is what the manifest records of the model; `keep_last` keeps the newest K committed checkpoints. An
+    `async` checkpointer has at most one save in flight: `poll` picks up its outcome, `finish` waits for it."""
 
     def __init__(self, engine: Any, output_dir: str | Path, *, mode: str = SaveMode.COMMIT, tokenizer: Any = None,
                  keep_last: int = 0, identity: dict[str, Any] | None = None,
@@ -80,11 +72,8 @@ class Checkpointer:
                                 timeout_s=timeout_seconds(collective_timeout)) if self.mode == SaveMode.ASYNC else None
 
     def save(self, step: int, client_state: dict[str, Any] | None = None) -> SaveOutcome:
-        """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank.
-
-        Never raises for a failed write: `.committed` is False on every rank and `.error` says which rank, what and
-        where. An `async` save returns in flight (`.in_flight`); a route returns once written.
-        """
+        """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank. A failed
+        write does not raise: `.committed` is False and `.error` the same line on every rank."""
         state, tag = dict(client_state or {}), tag_for(step)
         if self.mode in ROUTE_SAVES:
             start = time.perf_counter()
@@ -98,7 +87,7 @@ class Checkpointer:
         outcome = save_committed(self.engine, self.output_dir, tag, state, step=step, identity=self.identity,
                                  prepare=self.preparation(tag))
         if outcome.committed and self.keep_last:  # the same on every rank, so every rank joins rotation's gather
-            rotation.after_commit(self.output_dir, self.keep_last, outcome, self.node_local())
+            rotation.after_commit(self.output_dir, self.keep_last, outcome, self.engine.use_node_local_storage())
         return outcome
 
     def poll(self) -> SaveOutcome | None:
@@ -109,12 +98,9 @@ class Checkpointer:
         """Wait for the asynchronous save in flight, if any; its outcome."""
         return self.saver.finish() if self.saver else None
 
-    def node_local(self) -> bool:
-        return bool(self.engine.use_node_local_storage())
-
     def preparation(self, tag: str) -> Any:
         """What the folder's writer does before a save (the folder, the tokenizer and config once); None elsewhere."""
-        if not writes_folder(self.node_local()):
+        if not writes_folder(self.engine.use_node_local_storage()):
             return None
         shared = SHARED_FILES if self.tokenizer is not None else ("config.json",)
         return partial(prepare_folder, self.output_dir, tag, partial(write_shared, self.engine, self.tokenizer),

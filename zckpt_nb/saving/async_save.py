@@ -1,19 +1,10 @@
 """Asynchronous saves (`SaveMode.ASYNC`): training waits for a host copy of each rank's files, not for the disk.
 
-Every rank runs the same calls, with the same collectives, at the same step boundaries:
-
-1. `AsyncSaver.save`: the commit protocol's preflight, then DeepSpeed's own `save_checkpoint`, whose files the
-   package's checkpoint engine copies into host memory (`saving.snapshot`) instead of writing. Training resumes once
-   both of this rank's state dicts are copied;
-2. a background thread writes each copy as the committed save writes a file (DeepSpeed's serialisation, O_DIRECT,
-   SHA-256, fsync), then runs the agreement and the commit (`commit.agree_and_commit`: the manifest, then `latest`;
-   then rotation) on a gloo process group of its own, made when the saver is built, while training runs its
-   collectives on the default group. DCP's `async_save` does the same;
-3. at each step boundary `poll` picks up a finished save's outcome.
-
-At most one save is in flight: the next save, and the end of training, first wait for it (`finish`). Until the commit
-`latest` names the previous checkpoint, so a kill -9 during the background write loses nothing committed; a failure
-on any rank comes out of the agreement on every rank, as in the synchronous protocol.
+`AsyncSaver.save` runs the commit protocol's preflight, then DeepSpeed's `save_checkpoint`, whose files the package's
+checkpoint engine copies into host memory (`saving.snapshot`); training resumes then. A background thread writes each
+copy as a committed save writes a file, then runs the agreement and commit (`commit.agree_and_commit`) and rotation on
+a gloo process group of its own, as DCP's `async_save` does. At most one save is in flight (`finish` waits for it);
+until its commit `latest` names the previous checkpoint. docs/commit_protocol.md has the whole story.
 """
 
 from __future__ import annotations
@@ -46,12 +37,11 @@ class InFlight:
 
 
 class AsyncSaver:
-    """This rank's asynchronous saves, at most one in flight. Every rank calls `save` and `finish` at the same
-    boundaries; `poll` is local (a rank may pick up the outcome one step after another)."""
+    """This rank's asynchronous saves, at most one in flight; every rank calls `save` and `finish` at the same
+    boundaries, `poll` is local."""
 
     def __init__(self, engine: Any, output_dir: str | Path, identity: dict[str, Any], *, keep_last: int,
                  timeout_s: float) -> None:
-        """Every rank, at the same point: it makes the commit's process group (a collective)."""
         from datetime import timedelta
 
         import torch.distributed as dist

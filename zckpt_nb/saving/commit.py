@@ -1,20 +1,14 @@
 """The commit protocol: a checkpoint counts only once every rank's files are on disk and every rank agrees.
 
-DeepSpeed's `save_checkpoint` writes `latest` on rank 0 before its final barrier and never fsyncs: a crash can leave
-`latest` naming a half-written checkpoint. Here every rank runs the same steps and collectives:
-
-1. preflight: the folder's writer prepares the folder (and the tokenizer, once); every rank predicts its files'
-   bytes (`format.sizes`); one `all_gather_object` shares problems and free space: no rank enters DeepSpeed's save
-   unless every rank can;
-2. `engine.save_checkpoint(..., save_latest=False)` on every rank, each file hashed and fsynced by the package's
-   checkpoint engine (`saving.engine`), which keeps a write error instead of raising it;
+DeepSpeed's `save_checkpoint` writes `latest` before its final barrier and never fsyncs. Here every rank runs:
+1. preflight: the folder's writer prepares the folder; every rank bounds its files' bytes; one `all_gather_object`
+   of problems and free space, so no rank enters DeepSpeed's save unless every rank can;
+2. `save_checkpoint(..., save_latest=False)`, each file hashed and fsynced by the package's checkpoint engine, which
+   keeps a write error instead of raising it;
 3. agreement: one `all_gather_object` of every rank's files (size, SHA-256) and error;
-4. commit, by the rank that writes the folder (rank 0; each node's local rank 0 with node-local storage): the
-   manifest, then `latest`, each by temporary file, fsync and rename, then an fsync of the folder;
-5. one `all_gather_object` of the committers' errors, so every rank returns the same `SaveOutcome`.
-
-Rotation (`--keep_last`) follows a committed save, outside the protocol (`saving.rotation`). docs/commit_protocol.md
-tells the whole story and its fault tests.
+4. commit by the folder's writer: the manifest, then `latest`, each by temporary file, fsync, rename;
+5. one `all_gather_object` of the committers' errors: every rank returns the same `SaveOutcome`.
+docs/commit_protocol.md tells the whole story and its fault tests.
 """
 
 from __future__ import annotations
@@ -59,11 +53,7 @@ def prepare_folder(save_dir: str | Path, tag: str, write_shared: Callable[[str],
 
 def preflight(save_dir: Path, need: int, rank: int, prepare: Callable[[], None] | None,
               error: str | None = None) -> dict[str, Any]:
-    """This rank's view before writing: an error line (or None), the bytes it needs, the free bytes it sees.
-
-    Any exception while preparing (a full disk, a tokenizer that cannot be saved) becomes this rank's error line, so
-    every rank learns it in the agreement and none waits for a rank that raised.
-    """
+    """This rank's view before writing: an error line (a failed preparation too) or None, its bytes, the free bytes."""
     if prepare and error is None:
         try:
             prepare()

@@ -1,15 +1,12 @@
 """The package's DeepSpeed checkpoint engine: one `CheckpointEngine` subclass, given to a DeepSpeed engine once.
 
 DeepSpeed hands every file of a save to its checkpoint engine's `save(state_dict, path)` and reads every file through
-its `load`: the engine is how DeepSpeed lets a writer in (`deepspeed/runtime/checkpoint_engine/`). `ZckptEngine` wraps
-the one DeepSpeed built from its config (`inner`) and
-- saves each file as the save in progress asks (`capture`): hashed and fsynced now (`HASHED`), or copied to host
-  memory and written later (`SNAPSHOT`); with no save in progress, DeepSpeed's own way (`plain`, DeepSpeed's writers,
-  any `save_checkpoint` the user makes). A write error is kept, not raised: DeepSpeed runs barriers between and after
-  its writes, and a rank raising there would leave the others waiting. The ranks compare errors afterwards;
+its `load` (`deepspeed/runtime/checkpoint_engine/`). `ZckptEngine` wraps the one DeepSpeed built from its config and
+- saves each file as the save in progress asks (`capture`): hashed and fsynced now (`HASHED`) or copied to host
+  memory for a later write (`SNAPSHOT`); with no save in progress, DeepSpeed's own way. A write error is kept, not
+  raised: a rank raising inside DeepSpeed's save would leave the others waiting in its barriers;
 - loads every file weights-only (`convert.safeload`): nothing in a checkpoint runs code;
 - times `commit` and `cleanup`, where DeepSpeed's decoupled writer makes a later step wait.
-Its DeepSpeed engine needs the variables DeepSpeed's own launcher exports for the writers (`launcher_env`).
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ def writer_section(mode: str) -> dict[str, Any]:
 
 
 def launcher_env() -> dict[str, str]:
-    """What `deepspeed.launcher.launch` exports and torchrun does not: this node's rank and the node count (without
-    them DeepSpeed's writers fail with KeyError: 'CROSS_SIZE')."""
+    """What DeepSpeed's launcher exports and torchrun does not (its writers need them): node rank and node count."""
     nodes = int(os.environ.get("WORLD_SIZE", 1)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return {"CROSS_RANK": os.environ.get("GROUP_RANK", "0"), "CROSS_SIZE": str(max(nodes, 1))}
 
@@ -80,8 +76,7 @@ class Files:
 
 
 class ZckptEngine(CheckpointEngine):
-    """DeepSpeed's checkpoint engine for zckpt_nb: hashed or snapshot saves with deferred errors, weights-only loads,
-    timed commits. `install` gives it to a DeepSpeed engine."""
+    """The package's checkpoint engine (module docstring); `install` gives it to a DeepSpeed engine."""
 
     def __init__(self, inner: CheckpointEngine) -> None:
         super().__init__()

@@ -1,17 +1,9 @@
 """Several nodes, inside the ranks: does every rank see the output folder its storage layout needs?
 
-A job on several nodes is one `torchrun` launch per node (`--nnodes`, `--node_rank`, `--master_addr`,
-`--master_port`). Its checkpoints live in one of two layouts:
-
-- shared: every node mounts the same `--output_dir` (NFS, Lustre, ...); rank 0 writes the files beside
-  the tags, the manifest and `latest`; every rank writes its own shards there;
-- node-local (`--node_local_storage`, DeepSpeed's `"checkpoint": {"use_node_local_storage": true}`): each node
-  has its own `--output_dir`; each node's local rank 0 writes the files beside the tags, and its own manifest
-  (listing the whole checkpoint and which node holds which file) and its own `latest`.
-
-A save must never claim files that are not where its manifest says, so before training every rank looks for
-probe files written by each node's local rank 0 (`check_layout`) and the job refuses a layout that does not
-match, in one line naming the nodes.
+Shared: every node mounts one `--output_dir`, rank 0 writes the manifest and `latest`. Node-local
+(`--node_local_storage`, DeepSpeed's `use_node_local_storage`): each node's local rank 0 writes its own manifest (the
+whole checkpoint, and which node holds which file) and `latest`. Before training every rank looks for the probe files
+each node's local rank 0 wrote (`check_layout`), and a layout that does not match is refused in one line.
 """
 
 from __future__ import annotations
@@ -68,11 +60,8 @@ def layout_problem(reports: list[dict[str, Any]], output_dir: Path, node_local: 
 
 
 def check_layout(output_dir: str | Path, node_local: bool) -> None:
-    """Every rank: refuse (LayoutError, the same line on every rank) an output folder that does not fit the layout.
-
-    Each node's local rank 0 writes a probe file with a random token; every rank reports which probes it sees;
-    the probes are removed again, so a refused job leaves nothing behind.
-    """
+    """Every rank: refuse (LayoutError, the same line on every rank) an output folder that does not fit the layout;
+    the probe files go again, so a refused job leaves nothing behind."""
     import torch.distributed as dist
 
     output_dir = Path(output_dir)
@@ -92,11 +81,8 @@ def check_layout(output_dir: str | Path, node_local: bool) -> None:
 
 
 def drop_partial(output_dir: str | Path, tag: str) -> None:
-    """Before resuming from `tag`, a folder's writer deletes newer checkpoints committed on this node only.
-
-    A crash between the nodes' commits leaves them; deleting them lets their steps be saved again. A failure is one
-    printed line.
-    """
+    """Before resuming from `tag`, a folder's writer deletes the newer checkpoints a crash between the nodes' commits
+    left committed on this node only, so their steps can be saved again."""
     for newer in [t for t in committed_tags(output_dir) if tag_step(t) > tag_step(tag)]:
         error = delete_tag(Path(output_dir), newer)
         if error:

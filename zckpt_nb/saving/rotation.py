@@ -1,9 +1,5 @@
-"""`--keep_last K`: after a save has committed, delete checkpoints beyond the newest K.
-
-Rotation runs only once the new checkpoint and `latest` are durable, and its failures never reach them:
-a checkpoint that cannot be deleted (an immutable file, a read-only or busy mount inside it) is reported
-in one line on every rank and listed in `run.json` under `rotation_errors`; the new commit stands.
-"""
+"""`--keep_last K`: once a save has committed, delete checkpoints beyond the newest K. A checkpoint that cannot be
+deleted is reported in one line on every rank (run.json's `rotation_errors`); the new commit stands."""
 
 from __future__ import annotations
 
@@ -28,11 +24,8 @@ def doomed_tags(save_dir: Path, keep_last: int) -> list[str]:
 
 
 def delete_tag(save_dir: Path, tag: str) -> str | None:
-    """Delete one checkpoint, manifest first; None, or one line saying what failed and what state it is left in.
-
-    The manifest goes first (and the folder is fsynced), so a delete that stops part-way (crash or error)
-    leaves an *incomplete* folder that resume ignores, never a "committed" one with files missing.
-    """
+    """Delete one checkpoint, its manifest first (a delete stopped part-way leaves an incomplete folder, never a
+    committed one with files missing); None, or one line saying what failed and what state it is left in."""
     tag_dir = save_dir / tag
     try:
         (tag_dir / MANIFEST).unlink(missing_ok=True)

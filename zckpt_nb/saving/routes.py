@@ -1,20 +1,10 @@
-"""Routes 1 and 2 from a partitioned ZeRO-3 model to one full model, run in the ranks (every rank calls them).
+"""The two consolidated routes that run in the ranks (`Route.GATHERED16`, `Route.PER_PARAM`; every rank calls them);
+the offline ones are `convert.zero_to_fp32` and `convert.export`.
 
-The four routes, and where each lives:
-
-1. In-training 16-bit gather: `engine.save_16bit_model` with `stage3_gather_16bit_weights_on_model_save`.
-   Every rank calls it; DeepSpeed gathers one module at a time onto every rank (`GatheredParameters` with
-   `modifier_rank=0`, which broadcasts each module back from rank 0 on exit) and rank 0 keeps a CPU copy of the
-   whole model until it writes it.
-2. Per-parameter gather (DeepSpeed-Chat's `save_zero_three_model`): every rank walks `named_parameters()` inside
-   `deepspeed.zero.GatheredParameters([p])`; rank 0 copies each tensor to CPU. The accelerator never holds more
-   than one full parameter; rank 0's CPU still ends up holding all of P.
-3. Offline conversion (`convert.zero_to_fp32`): DeepSpeed's `zero_to_fp32` functions read every rank's shard files
-   in one process, with no process group and no GPU.
-4. Hugging Face export (`convert.export`).
-The checks that all four agree: tests/test_consolidate.py.
-
-Routes 1 and 2 are collective (every rank must call them). Routes 3 and 4 run after training, anywhere.
+- `gathered16`: `engine.save_16bit_model`; DeepSpeed gathers one module at a time onto every rank and rank 0 keeps a
+  CPU copy of the whole model until it writes it;
+- `per_param` (DeepSpeed-Chat's `save_zero_three_model`): one parameter gathered at a time; the accelerator never
+  holds more than one full parameter, rank 0's CPU ends up holding all of P.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""What an asynchronous save holds while training goes on: a host copy of the state DeepSpeed hands to its engine.
+"""What an asynchronous save holds while training goes on: a frozen host copy of the state DeepSpeed hands its engine.
 
-The copy must be frozen (later optimizer steps change the tensors in place) and serialise to the file DeepSpeed
-would have written. `copy.deepcopy` gives both on CPU: torch copies each storage once, so tensors that share one
-(DeepSpeed's flat partitions and their views) still share it. Copying a 960 MB state dict took 0.22 s here,
-serialising it 0.46-0.51 s: the save call copies, the background thread serialises (docs/save_stall.md).
-
-On a GPU a device tensor is first copied into host memory, pinned (the copy is then a DMA), one host storage per
-device storage so sharing survives; deepcopy takes those copies from its memo. torch's pinned pool rounds blocks up
-to powers of two, so the pinned memory held can be twice the snapshot's bytes.
+`copy.deepcopy` copies each storage once, so views stay views and the copy serialises to the same file (docs/
+save_stall.md: copying is about half the time of serialising). A device tensor first goes to host memory (pinned
+on CUDA), one host storage per device storage, taken by deepcopy from its memo.
 """
 
 from __future__ import annotations
