@@ -394,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zckpt_nb {args.command}: error: {e}", file=sys.stderr)
         return 2
     except LaunchError as e:
-        from zckpt_nb.run.logs import failure_summary
+        from zckpt_nb.run.logs import failure_report
 
-        log = Path(args.output_dir) / "launch.log" if getattr(args, "output_dir", None) else None
-        print(f"zckpt_nb {args.command}: {failure_summary(e, log)}", file=sys.stderr)
+        folder = getattr(args, "output_dir", None)
+        print(f"zckpt_nb {args.command}: {failure_report(e, folder) if folder else e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         signum = e.signum if isinstance(e, lifeline.Stopped) else signal.SIGINT

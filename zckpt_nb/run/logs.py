@@ -1,5 +1,4 @@
-"""What a finished job's ranks printed, read back from its `launch.log`.
-"""
+"""What a finished job's ranks printed, read back from its `launch.log`."""
 
 from __future__ import annotations
 
@@ -8,11 +7,12 @@ from pathlib import Path
 
 from zckpt_nb.errors import LaunchError, short_line
 
+WORKER_ERROR = "zckpt_nb.train: error: "  # how the worker prints the one line of a refused or failed job
+EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b")  # a traceback's last line, not its `raise ...` lines
+
 
 def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/") -> dict[str, list[str]]:
     """What each rank really printed (from DIR/launch.log): its last `last` lines, progress lines skipped."""
-    import re
-
     lines: dict[str, list[str]] = {}
     for line in (Path(output_dir) / "launch.log").read_text().splitlines():
         m = re.match(r"\[((?:node \d+ )?rank \d+)\] (.*)", line)
@@ -23,12 +23,8 @@ def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/")
 
 def worker_error(err: LaunchError) -> str:
     """The one line a rank printed for a refused job (`zckpt_nb.train: error: ...`), out of the launch's message."""
-    lines = [line.strip() for line in str(err).splitlines() if "zckpt_nb.train: error:" in line]
+    lines = [line.strip() for line in str(err).splitlines() if WORKER_ERROR in line]
     return lines[0] if lines else str(err).splitlines()[0]
-
-
-WORKER_ERROR = "zckpt_nb.train: error: "  # how the worker prints the one line of a refused or failed job
-EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b")  # a traceback's last line, not its `raise ...` lines
 
 
 def rank_errors(output_dir: str | Path) -> dict[str, str]:
@@ -36,17 +32,6 @@ def rank_errors(output_dir: str | Path) -> dict[str, str]:
     found = {who: [line.strip() for line in lines] for who, lines in rank_lines(output_dir, last=10**6).items()}
     return {who: next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), "(no exception)")
             for who, lines in found.items()}
-
-
-def failure_summary(err: LaunchError, log_path: str | Path | None = None, most: int = 8) -> str:
-    """A failed job in a few lines: its first line, then each distinct error line its ranks printed (at most `most`),
-    then where the full log is; the whole message when no rank printed one (a timeout shows every rank's tail)."""
-    errors = list(dict.fromkeys(line.strip().split("zckpt_nb.train: error: ", 1)[1]
-                                for line in str(err).splitlines() if "zckpt_nb.train: error:" in line))
-    if not errors:
-        return str(err)
-    where = f"\n  every rank's output: {log_path}" if log_path else ""
-    return str(err).splitlines()[0] + "".join(f"\n  {e}" for e in errors[:most]) + where
 
 
 def rank_error_line(lines: list[str]) -> str:
@@ -60,7 +45,7 @@ def rank_error_line(lines: list[str]) -> str:
 
 def failure_report(err: Exception, output_dir: str | Path, width: int = 300) -> str:
     """A failed job in N + 2 lines: the outcome, each rank's own error line (from DIR/launch.log, `short_line`),
-    and the path of the full log; what `failure_summary` does, rank by rank, for any failure (timeouts too)."""
+    and the path of the full log (timeouts too)."""
     log = Path(output_dir) / "launch.log"
     found = rank_lines(output_dir, last=10**6) if log.is_file() else {}
     lines = [str(err).splitlines()[0]]
