@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from conftest import file_hashes
-from test_commit import failed_launch, ref_run, run, same_losses, small_disk, verify_cli  # noqa: F401 (a fixture)
+from test_commit import FAULTS, failed_launch, ref_run, run, same_losses, small_disk, verify_cli  # noqa: F401
 
 from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
 from zckpt_nb.format.layout import committed_tags, latest_name
@@ -49,7 +49,7 @@ def test_deepspeeds_zero_to_fp32_reads_an_async_checkpoint(async_run, tmp_path):
 def test_kill_9_during_the_background_write_keeps_the_previous_commit(async_run, tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setenv("ZCKPT_FAULT", "background:1:8")  # rank 1 dies between its two files of the step-8 save
-    text = failed_launch(out, **ASYNC)
+    text = failed_launch(out, **ASYNC, worker=FAULTS)
     assert "rank 1 injects 'background'" in text
     monkeypatch.delenv("ZCKPT_FAULT")
     assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
@@ -64,7 +64,7 @@ def test_a_full_disk_during_the_background_write_fails_that_save_on_every_rank(t
     with small_disk(tmp_path / "disk", "size=24m") as disk:
         out = disk / "run"
         monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk once the step-8 save has begun
-        result = run(out, **ASYNC)
+        result = run(out, **ASYNC, worker=FAULTS)
         assert result.steps == list(range(12)), "training went on after the failed save"
         assert [f["step"] for f in result.data["failed_saves"]] == [8]
         assert "ENOSPC" in result.data["failed_saves"][0]["error"]

@@ -13,15 +13,16 @@ import pytest
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
 from zckpt_nb.errors import CheckpointError, LaunchError, LaunchTimeout, describe_error
+from zckpt_nb.examples import faults
 from zckpt_nb.format.disk import atomic_write
 from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name
 from zckpt_nb.format.manifest import sha256_file
-from zckpt_nb.run import faults
 from zckpt_nb.run.launch import launch
 from zckpt_nb.saving import rotation
 from zckpt_nb.saving.commit import space_problem
 
 STEPS, EVERY = 12, 4
+FAULTS = "zckpt_nb.examples.faults"  # the worker with ZCKPT_FAULT's fault
 
 
 def run(out, steps=STEPS, *, resume=False, nproc=2, model="tiny", **options):
@@ -119,7 +120,7 @@ def test_train_cli_passes_the_save_flags_to_the_worker(tmp_path):
 def test_kill_9_mid_save_loses_nothing_and_resume_matches(ref_run, tmp_path, monkeypatch, point, rank):
     out = tmp_path / "run"
     monkeypatch.setenv("ZCKPT_FAULT", f"{point}:{rank}:8")
-    text = failed_launch(out)  # the same schedule as ref_run (the LR decays over STEPS); dies at step 8
+    text = failed_launch(out, worker=FAULTS)  # the same schedule as ref_run (the LR decays over STEPS); dies at step 8
     assert f"rank {rank} injects '{point}'" in text
     monkeypatch.delenv("ZCKPT_FAULT")
     # `latest` never moved: it names the step-4 checkpoint, which verifies completely.
@@ -142,7 +143,7 @@ def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monk
         (out / "global_step12").mkdir(parents=True)
         with small_disk(out / "global_step12", "ro,size=1m"):  # the step-12 save meets a read-only folder
             monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk during the step-8 save
-            result = run(out, 16)
+            result = run(out, 16, worker=FAULTS)
             assert result.steps == list(range(16)), "training went on after both failed saves"
             failed = {f["step"]: f["error"] for f in result.data["failed_saves"]}
             assert set(failed) == {8, 12}
@@ -169,7 +170,7 @@ def test_save_that_cannot_fit_is_refused_and_abort_stops_every_rank(tmp_path):
 def test_hung_rank_is_reported_within_the_collective_timeout(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setenv("ZCKPT_FAULT", "stall:1:8:120")  # rank 1 blocks in its write like a hung NFS mount
-    text = failed_launch(out, collective_timeout=10)
+    text = failed_launch(out, collective_timeout=10, worker=FAULTS)
     assert "save of global_step8 stopped" in text and "Timed out waiting 10000ms" in text
     assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
 

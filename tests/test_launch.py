@@ -220,7 +220,7 @@ def test_a_lock_this_host_cannot_judge_is_refused_and_kept(tmp_path, content, me
 
 def test_a_log_that_cannot_be_written_is_reported_and_hides_nothing(tmp_path, capsys):
     """A full disk at the job's end (the log goes into the output folder) must not mask the job's own outcome."""
-    from zckpt_nb.run import faults
+    from zckpt_nb.examples import faults
     from zckpt_nb.run.launch import keep_log
 
     with faults.tmpfs(tmp_path / "ro", "ro,size=1m") as why:

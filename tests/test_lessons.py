@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from zckpt_nb.errors import LaunchError
+from zckpt_nb.examples import faults
 from zckpt_nb.format.layout import RANK_FILE, latest_name
 from zckpt_nb.format.sizes import exact_ratio
 from zckpt_nb.model import deepspeed_persistence_default, ln_vocab, meta_model
 from zckpt_nb.plan.costs import persistent, predict, tensor_numels
-from zckpt_nb.run import faults
 from zckpt_nb.run.launch import launch
 from zckpt_nb.run.logs import rank_lines
 
@@ -76,7 +76,8 @@ def test_seed_snippet_makes_no_rank_claim_a_failed_save(tmp_path):
 
 def test_deepspeeds_plain_save_moves_latest_before_every_shard_exists(tmp_path):
     with faults.injected("shards:1:4:2"), pytest.raises(LaunchError):
-        launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False, save_mode="plain")
+        launch(2, 8, tmp_path, save_every=4, verbose=False, progress=False, save_mode="plain",
+               worker="zckpt_nb.examples.faults")
     tag = latest_name(tmp_path)
     assert tag == "global_step4"
     found = {m.group(1, 2) for p in (tmp_path / tag).iterdir() if (m := RANK_FILE.search(p.name))}

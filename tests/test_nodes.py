@@ -31,8 +31,9 @@ def two_nodes(dirs: list[Path], *args: str, fault: str | None = None, timeout: f
         env = {k: v for k, v in os.environ.items() if k != "ZCKPT_FAULT"}
         if fault and node == 1:
             env["ZCKPT_FAULT"] = fault
+        worker = ["--worker", "zckpt_nb.examples.faults"] if fault else []
         cmd = [sys.executable, "-m", "zckpt_nb", "train", "--nproc", "1", "--nnodes", "2", "--node_rank", str(node),
-               "--master_port", str(port), "--output_dir", str(out), "--steps", str(STEPS), *args]
+               "--master_port", str(port), "--output_dir", str(out), "--steps", str(STEPS), *worker, *args]
         with open(logs[-1], "w") as log:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
     deadline = time.monotonic() + timeout

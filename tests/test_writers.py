@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
+from zckpt_nb.examples import faults
 from zckpt_nb.format.disk import PAGE
 from zckpt_nb.format.writer import BLOCK, DirectFile, open_direct
-from zckpt_nb.run import faults
 
 pytestmark = pytest.mark.fast  # make test-fast
 

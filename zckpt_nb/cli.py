@@ -233,8 +233,9 @@ def add_train(sub: Any) -> None:
                        help="a free port on the node of --node_rank 0, the same on every node (default: any free "
                             "port, one node only)")
     train.add_argument("--timeout", type=float, default=1800, help="kill every rank after this many seconds")
-    train.add_argument("--worker", default="zckpt_nb.train", choices=("zckpt_nb.train", "zckpt_nb.train_fsdp"),
-                       help="the ZeRO-3 worker, or the FSDP2 one (resumes and saves DCP checkpoints: to-dcp)")
+    train.add_argument("--worker", default="zckpt_nb.train",
+                       help="the module torchrun starts: the ZeRO-3 worker, zckpt_nb.train_fsdp (FSDP2: resumes and "
+                            "saves DCP checkpoints, to-dcp), or another taking the same flags")
     train.set_defaults(func=cmd_train)
 
 

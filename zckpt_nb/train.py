@@ -49,12 +49,11 @@ from zckpt_nb.model import (
     state_dict_placeholders,
 )
 from zckpt_nb.run import lifeline
-from zckpt_nb.run.faults import engine_kind
 from zckpt_nb.run.options import TrainOptions
 from zckpt_nb.saving import schedule
 from zckpt_nb.saving.api import Checkpointer
 from zckpt_nb.saving.collective import gather
-from zckpt_nb.saving.engine import install, launcher_env, writer_section
+from zckpt_nb.saving.engine import ZckptEngine, install, launcher_env, writer_section
 from zckpt_nb.saving.log import SaveLog, ending_problem
 from zckpt_nb.saving.nodes import check_layout, drop_partial
 from zckpt_nb.saving.resume import load_verified, resume_source
@@ -201,11 +200,12 @@ def train_step(engine: Any, batch: Any, share: range, world: int, device: str) -
     return sum_over_ranks(total, device) / len(batch)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the worker; a checkpoint that cannot be used or a lost collective ends it with one line, exit 1."""
+def main(argv: list[str] | None = None, engine_kind: type[ZckptEngine] = ZckptEngine) -> None:
+    """Run the worker (giving DeepSpeed an `engine_kind` checkpoint engine); a checkpoint that cannot be used or a
+    lost collective ends it with one line, exit 1."""
     lifeline.arm()  # no rank outlives torchrun or the launching process, however they were killed
     try:
-        train(TrainOptions.parse(argv))
+        train(TrainOptions.parse(argv), engine_kind)
         lifeline.leave(0)  # everything is written and the process group destroyed: skip the teardown
     except (CheckpointError, CollectiveTimeout, RunIncomplete, LayoutError) as e:
         print(f"zckpt_nb.train: error: {e}", file=sys.stderr, flush=True)
@@ -220,10 +220,10 @@ def main(argv: list[str] | None = None) -> None:
         lifeline.leave(1)
 
 
-def train(opts: TrainOptions) -> None:
+def train(opts: TrainOptions, engine_kind: type[ZckptEngine] = ZckptEngine) -> None:
     """Set up, resume if asked, train with periodic saves, then the consolidated saves and run.json."""
     quiet_libraries()
-    worker = set_up(opts)
+    worker = set_up(opts, engine_kind)
     start_step = resume(worker) if worker.source else 0
     log, history = loop(worker, start_step)
     wrap_up(worker, log, history, start_step)
@@ -238,7 +238,7 @@ def quiet_libraries() -> None:
     transformers.logging.set_verbosity_error()
 
 
-def set_up(opts: TrainOptions) -> Worker:
+def set_up(opts: TrainOptions, engine_kind: type[ZckptEngine] = ZckptEngine) -> Worker:
     """Join the process group, check the folder, find the checkpoint to resume, build tokenizer, data and engine."""
     import torch.distributed as dist
 
@@ -259,7 +259,7 @@ def set_up(opts: TrainOptions) -> Worker:
     # Tokenizer and data: trained on the shipped corpus (deterministic), or reused from the checkpoint.
     worker.tokenizer = data.load_or_train_tokenizer(opts.output_dir if opts.resume else "", preset.vocab_size)
     worker.tokens = data.encode_corpus(worker.tokenizer)
-    build_engine(worker)
+    build_engine(worker, engine_kind)
     return worker
 
 
@@ -285,7 +285,7 @@ def find_resume_source(opts: TrainOptions, identity: dict[str, Any], rank: int) 
     return ResumeSource(tag, load_dir, universal, plan)
 
 
-def build_engine(worker: Worker) -> None:
+def build_engine(worker: Worker, engine_kind: type[ZckptEngine]) -> None:
     """The ZeRO-3 engine: the model is built partitioned, so no rank ever holds all of it."""
     import deepspeed
 
@@ -303,7 +303,7 @@ def build_engine(worker: Worker) -> None:
         os.environ.setdefault(key, value)
     model, worker.hf_config = (build_model if opts.init == "hf" else build_model_bare)(opts.model, config)
     worker.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    install(worker.engine, engine_kind())  # the package's checkpoint engine (with ZCKPT_FAULT's fault, if set)
+    install(worker.engine, engine_kind)  # the package's checkpoint engine, given to DeepSpeed once
     worker.config, worker.held = config, held_elements(worker.engine.module)
     held = worker.held
     print(f"rank {worker.rank}/{worker.world} on {worker.device} ({worker.backend}): holds "

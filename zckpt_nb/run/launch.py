@@ -8,6 +8,7 @@ starts each worker in a session of its own, so killing one process group is not 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import queue
 import re
@@ -280,6 +281,9 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     this launch's GPUs. `worker` is the module torchrun starts: the ZeRO-3 worker, or `zckpt_nb.train_fsdp` (FSDP2,
     the same options); a module name, so this layer never imports the entry points.
     """
+    if not module_exists(worker):
+        raise UsageError(f"--worker {worker}: no such module; give zckpt_nb.train, zckpt_nb.train_fsdp or a module "
+                         "that takes the worker's flags")
     output_dir = Path(output_dir).resolve()
     opts = TrainOptions.build(steps=steps, output_dir=str(output_dir), **options)
     timeout = timeout or default_timeout(opts.model, nproc, steps)
@@ -299,6 +303,14 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     finally:
         lock.release(output_dir, mine)
     return RunResult.from_dir(output_dir, log, seconds)
+
+
+def module_exists(name: str) -> bool:
+    """Whether `python -m name` finds a module here."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def log_name(nodes: Nodes) -> str:

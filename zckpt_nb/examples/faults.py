@@ -1,7 +1,8 @@
-"""Real faults on demand, for the tests and the lessons: `ZCKPT_FAULT=point:rank:step[:seconds]`.
+"""Real faults on demand, for the tests and the lessons: the package's worker with `ZCKPT_FAULT=point:rank:step[:s]`.
 
-With the variable set, the worker gives DeepSpeed `FaultyEngine`, the package's checkpoint engine with the fault
-injected from outside the save path: when rank `rank` reaches `point` of the save at step `step`, it SIGKILLs itself
+`launch(..., worker="zckpt_nb.examples.faults")` runs the package's training worker with `FaultyEngine`, a subclass
+of its checkpoint engine that injects the fault from outside the save path: when rank `rank` reaches `point` of the
+save at step `step`, it SIGKILLs itself
 (`shards`: between its two files; `background`: the same in an asynchronous save's background write;
 `before_commit`: its files written, before the agreement; `latest`: the manifest durable, before `latest` moves;
 each after `seconds` if given), stalls like a write to a hung network filesystem (`stall`, for `seconds`), or fills
@@ -80,8 +81,8 @@ def maybe(point: str, rank: int, step: int, directory: Path | None = None) -> No
 
 
 class FaultyEngine(ZckptEngine):
-    """The package's checkpoint engine with the fault ZCKPT_FAULT names (`train.py` installs it when the variable is
-    set); the rank is torchrun's RANK, the step the one of the tag DeepSpeed is saving."""
+    """The package's checkpoint engine with the fault ZCKPT_FAULT names; the rank is torchrun's RANK, the step the
+    one of the tag DeepSpeed is saving."""
 
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
@@ -113,9 +114,6 @@ class FaultyEngine(ZckptEngine):
         maybe(PROTOCOL_POINTS[point], self.rank, self.step)
 
 
-def engine_kind() -> type[ZckptEngine]:
-    """The checkpoint engine the worker installs: `FaultyEngine` when ZCKPT_FAULT is set."""
-    return FaultyEngine if os.environ.get("ZCKPT_FAULT") else ZckptEngine
 
 
 @contextmanager
@@ -144,3 +142,9 @@ def tmpfs(path: Path, options: str) -> Iterator[str | None]:
         yield None
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+if __name__ == "__main__":
+    from zckpt_nb import train
+
+    train.main(engine_kind=FaultyEngine)
