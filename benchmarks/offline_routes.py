@@ -1,7 +1,7 @@
 """The offline routes to one full model, run as their users run them and traced: time and memory over time.
 
 DeepSpeed's `zero_to_fp32.py` and our `export` each run as their own process on the same checkpoint, so each pays
-its own imports and nothing else; this process samples their resident memory from outside (`measure.trace_command`)
+its own imports and nothing else; this process samples their resident memory from outside (`course.trace.trace_command`)
 and takes the exact peak from the kernel. A process that only imports what the export imports gives the baseline
 (the interpreter with its libraries) that the export's memory goal is measured from.
 """
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.measure.trace import trace_command
+from zckpt_nb.course.trace import trace_command
 
 ROUTES = {"zero_to_fp32.py": "pytorch_model*.bin", "export": "model*.safetensors"}  # route -> its weight files
 

@@ -8,7 +8,7 @@ import pytest
 from weights import compare_weights, load_weights
 
 from zckpt_nb.convert import streaming
-from zckpt_nb.measure.trace import rss_parts
+from zckpt_nb.course.trace import rss_parts
 from zckpt_nb.run.launch import launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

@@ -6,9 +6,8 @@ For a training loop of your own (every rank calls each of these):
     zckpt_nb.wait(engine)                  # an asynchronous save's commit, before training ends
     client_state = zckpt_nb.resume(engine, output_dir)
 
-`zckpt_nb.Checkpointer` is the object behind them (`saving.api`); `mode` is a `zckpt_nb.SaveMode`, or a
-`zckpt_nb.Route` that runs in the ranks. They are imported on first use, so `import zckpt_nb` loads neither torch
-nor DeepSpeed.
+`zckpt_nb.Checkpointer` is the object behind them; `mode` is a `zckpt_nb.SaveMode` or a `zckpt_nb.Route`. They are
+imported on first use: `import zckpt_nb` loads neither torch nor DeepSpeed.
 """
 
 from __future__ import annotations

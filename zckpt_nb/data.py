@@ -1,8 +1,5 @@
-"""The shipped corpus, the byte-level BPE tokenizer trained on it at run time, and deterministic batches.
-
-Each optimizer step trains on one global batch, a pure function of (seed, step): the "data position" a resume
-needs is the step, and it does not depend on how many ranks share the batch. Rank r takes a contiguous slice.
-"""
+"""The shipped corpus, the byte-level BPE tokenizer trained on it at run time, and deterministic batches: each step's
+global batch is a pure function of (seed, step), whatever the world size; rank r takes a contiguous slice."""
 
 from __future__ import annotations
 

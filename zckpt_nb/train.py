@@ -1,9 +1,6 @@
-"""The training worker: one process per rank, started by `zckpt_nb.run.launch` through torchrun.
-
-Read it top to bottom: the options (`run.options.TrainOptions`), the set-up (process group, tokenizer and data,
-the ZeRO-3 engine), an optional resume, the training loop with its periodic saves (every one through
-`saving.api.Checkpointer`, in the mode `--save_mode` names), the consolidated saves, then `run.json`.
-Run by hand with: torchrun --nproc_per_node 2 -m zckpt_nb.train --steps 50 --output_dir out
+"""The training worker, one process per rank: read it top to bottom. The set-up (process group, tokenizer and data,
+the ZeRO-3 engine), an optional resume, the loop with its saves (`saving.api.Checkpointer`, `--save_mode`), the
+consolidated saves, `run.json`. By hand: torchrun --nproc_per_node 2 -m zckpt_nb.train --steps 50 --output_dir out
 """
 
 from __future__ import annotations
@@ -104,12 +101,8 @@ class History:
 
 
 def setup_distributed(timeout_s: float) -> tuple[str, str]:
-    """Join the process group: NCCL with one GPU per rank, else gloo on CPU ranks. Returns (backend, device).
-
-    The rank's own accelerator decides (DeepSpeed's `get_accelerator`, which reads DS_ACCELERATOR), not whether a GPU
-    exists: CPU ranks on a GPU box never touch CUDA, so none of them creates a context on GPU 0. A GPU rank takes
-    LOCAL_RANK among the GPUs it sees (simulated nodes are given their own).
-    """
+    """Join the process group: NCCL with one GPU per rank, else gloo; (backend, device). DeepSpeed's accelerator
+    decides (DS_ACCELERATOR), so CPU ranks on a GPU box never create a CUDA context."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -181,13 +174,9 @@ def sum_over_ranks(value: float, device: str) -> float:
 
 
 def train_step(engine: Any, batch: Any, share: range, world: int, device: str) -> float:
-    """One optimizer step on this rank's `share` of the global `batch`; returns the global batch's mean loss.
-
-    DeepSpeed divides each micro-step's loss by the accumulation steps and averages gradients over the ranks; the
-    weight below turns that into the mean over the global batch however it is split, so the optimisation does not
-    depend on the world size. A rank with no sample in a micro-step runs one with weight 0: it still has to join
-    ZeRO-3's gathers and reductions.
-    """
+    """One optimizer step on this rank's `share` of the global `batch`; the global batch's mean loss. The weight makes
+    DeepSpeed's averaged gradient the global batch's mean however it is split; a rank with no sample in a micro-step
+    runs one with weight 0 (it still joins ZeRO-3's collectives)."""
     import torch
 
     gas, total = engine.gradient_accumulation_steps(), 0.0
@@ -230,7 +219,7 @@ def train(opts: TrainOptions, engine_kind: type[ZckptEngine] = ZckptEngine) -> N
 
 
 def quiet_libraries() -> None:
-    """Keep the streamed log readable: library deprecation chatter is not what the notebooks teach."""
+    """Keep the streamed log readable: no library deprecation chatter."""
     import transformers
 
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -370,11 +359,8 @@ def save_now(worker: Worker, checkpointer: Checkpointer, log: SaveLog, step: int
 
 
 def consolidated_saves(worker: Worker) -> list[SaveCost]:
-    """Routes 1 and 2 (`--save_16bit`, `--save_gathered`) on every rank, each into its own folder; their costs.
-
-    With the comms logger on, rank 0 also prints DeepSpeed's own `log_summary` table for these routes alone
-    (a cross-check of the per-save figures; it is collective, so every rank calls it).
-    """
+    """The consolidated routes asked for (`--save_16bit`, `--save_gathered`) on every rank, each into its own folder;
+    their costs. Rank 0 also prints DeepSpeed's `log_summary` for them alone (collective: every rank calls it)."""
     import deepspeed.comm as ds_comm
     import torch.distributed as dist
 

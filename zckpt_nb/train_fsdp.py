@@ -1,15 +1,10 @@
 """The FSDP2 worker: the ZeRO-3 worker's optimisation (`train.py`) under PyTorch FSDP2, saving with DCP.
 
-Same model, data order, AdamW hyperparameters, gradient clipping and LR schedule (DeepSpeed's own `WarmupDecayLR`
-class, driving a `torch.optim.AdamW`, which is the optimizer DeepSpeed's `torch_adam` runs), so a checkpoint converted
-with `to-dcp` continues the same run. It resumes the newest DCP checkpoint in `--output_dir` (a folder `to-dcp` wrote,
-named global_stepN) on any world size, and saves one there every `--save_every` steps: `dcp.save` of
-`get_state_dict(model, optimizer)` with the scheduler and train state, then rank 0 commits it with a manifest.
-Started by `run.launch.launch(..., worker="zckpt_nb.train_fsdp")`; it takes the ZeRO-3 worker's options and uses
-output_dir, steps, save_every, save_checkpoint, resume, model, seed, global_batch and dtype. With `--dtype bf16` it
-computes in bf16 the way FSDP2 does (`MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` in
-`fully_shard`): the sharded parameters and AdamW's state stay fp32 masters, as DeepSpeed's bf16 keeps them, so its
-DCP checkpoint is fp32 either way. It runs CPU ranks (gloo), where `--dtype auto` means fp32.
+The same model, data order, AdamW, clipping and LR schedule (DeepSpeed's `WarmupDecayLR` driving `torch.optim.AdamW`),
+so a checkpoint converted with `to-dcp` continues the same run. It resumes the newest DCP checkpoint in `--output_dir`
+on any world size and saves one every `--save_every` steps (`dcp.save` of `get_state_dict`, the scheduler and train
+state, committed by rank 0). `launch(..., worker="zckpt_nb.train_fsdp")`, with the ZeRO-3 worker's options; bf16
+computes as FSDP2's `MixedPrecisionPolicy` does, over fp32 masters. CPU ranks (gloo).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The package's entry in DeepSpeed's client state: data position, batch, LR horizon and every RNG state.
-
-`engine.save_checkpoint(client_state=...)` stores any dict in every rank's model-states file and
-`engine.load_checkpoint` hands it back; this package keeps its own under `CLIENT_KEY`, so a user's keys sit beside it.
-"""
+"""The package's entry in DeepSpeed's client state (under `CLIENT_KEY`, beside a user's keys): data position, batch,
+LR horizon and every RNG state."""
 
 from __future__ import annotations
 
@@ -36,11 +33,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def client_state(step: int, seed: int, global_batch: int, world_size: int, horizon: int) -> dict[str, Any]:
-    """What exact resumption needs beyond DeepSpeed's own state: data position, batch, LR horizon and RNG states.
-
-    Under ZeRO-3 every rank writes its own `zero_pp_rank_{r}_..._model_states.pt` holding this dict,
-    so each rank gets back its own RNG state on load (on the same world size; a universal load hands every rank
-    rank 0's, which is why training draws nothing from these generators: see `data` and `model.gpt2_config`).
-    """
+    """What exact resumption needs beyond DeepSpeed's state. Each rank's model-states file holds its own; a universal
+    load hands every rank rank 0's, which is why training draws nothing from these generators."""
     return {CLIENT_KEY: {"step": step, "seed": seed, "global_batch": global_batch, "world_size": world_size,
                          "steps": horizon, "rng": rng_state()}}  # steps: the LR schedule's horizon (schedule.py)

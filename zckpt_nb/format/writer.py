@@ -34,16 +34,11 @@ def skip_crc32() -> None:
 class DirectFile:
     """A write-only file that bypasses the page cache (O_DIRECT) and hashes what it writes off the caller's thread.
 
-    `torch.save` writes into it. Its bytes are copied into one of two page-aligned BLOCK-byte buffers; each full
-    buffer goes to a worker thread that hashes it (SHA-256) and writes it with O_DIRECT, while `torch.save` fills the
-    other. `close` writes the tail (the last partial page without O_DIRECT), fsyncs and closes; `hexdigest` then gives
-    the file's SHA-256. Where the filesystem refuses O_DIRECT (tmpfs: EINVAL) the same blocks go through the page
-    cache, and the fsync makes them durable as before. A failure (ENOSPC, EIO) comes out of the next `write` or of
-    `close`, and the file descriptor is closed either way.
-
-    Why by hand: Python's file objects cannot write with O_DIRECT (their buffers are not aligned), and the page cache
-    made durable saves CPU-bound here: a buffered write copies every byte into it, then the fsync waits for the
-    kernel to write it back (docs/save_stall.md).
+    `torch.save` fills one of two page-aligned BLOCK-byte buffers while a worker thread hashes (SHA-256) and writes the
+    other; `close` writes the tail without O_DIRECT, fsyncs and closes. A filesystem that refuses O_DIRECT (tmpfs) gets
+    the same blocks through the page cache. A failure comes out of the next `write` or of `close`, the descriptor
+    closed either way. By hand because Python's file objects cannot write O_DIRECT, and the page cache made durable
+    saves CPU-bound here (docs/save_stall.md).
     """
 
     def __init__(self, path: str | Path) -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.dcp import largest_state_bytes
+from zckpt_nb.course.trace import trace_command
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.manifest import read_manifest
 from zckpt_nb.format.units import counted, secs
 from zckpt_nb.lessons.claims import RESUME_TOLERANCE
-from zckpt_nb.measure.trace import trace_command
 
 DEFAULT_FSDP_NPROC = 3  # notebook 10's defaults, which its exercises' answers compare against
 DEFAULT_SWITCH_STEP = 6

@@ -1,10 +1,6 @@
-"""Run a job on N ranks from a notebook cell (or the shell) through the real `torchrun` launcher.
-
-Why a subprocess and not `torch.multiprocessing.spawn`: spawn cannot pickle functions defined in a
-notebook, and a multi-GPU DeepSpeed job needs a real launcher anyway. The launcher runs in its own
-session; on a timeout, an error or a kernel interrupt we kill it *and every descendant* (torchrun
-starts each worker in a session of its own, so killing one process group is not enough).
-"""
+"""Run a job on N ranks through the real `torchrun` launcher, in its own session: on a timeout, an error or an
+interrupt it and every descendant are killed (torchrun starts each rank in a session of its own). Not
+`torch.multiprocessing.spawn`: it cannot pickle functions defined in `__main__`, and GPUs need a real launcher."""
 
 from __future__ import annotations
 
@@ -217,11 +213,8 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
                   on_line: Callable[[str, str], None] | None = None,
                   stop: threading.Event | None = None, nodes: Nodes = ONE_NODE,
                   placement: Placement | None = None) -> tuple[list[str], float]:
-    """Run `python -m module args` on `nproc` ranks (of this node); return (all output lines, seconds). Never hangs.
-
-    `on_line(who, text)` sees every line; setting `stop` (from any thread) kills every rank and raises LaunchStopped.
-    `placement` (`run.devices`) puts the ranks on CPU or on given GPUs (default: every GPU here, else CPU).
-    """
+    """Run `python -m module args` on `nproc` ranks of this node; (all output lines, seconds). Never hangs.
+    `on_line(who, text)` sees every line; setting `stop` kills every rank and raises LaunchStopped."""
     log: list[str] = []
     per_rank: dict[str, deque] = defaultdict(lambda: deque(maxlen=12))
     shown = Progress(name, verbose, progress)
@@ -258,10 +251,8 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
 
 
 def default_timeout(model: str, nproc: int, steps: int) -> float:
-    """A generous bound for one launch: start-up plus the preset's step time, scaled by ranks per CPU core.
-
-    Only a bound (a hung job must end); it is no performance claim. On GPUs it is far more than needed.
-    """
+    """A generous bound for one launch (a hung job must end; no performance claim): start-up plus the preset's step
+    time, scaled by ranks per CPU core."""
     per_step = {"tiny": 0.2, "small": 1.5, "medium": 15.0, "large": 60.0}.get(model, 60.0)
     crowding = max(1.0, nproc / (os.cpu_count() or 1))
     return 300 + crowding * (60 * nproc + per_step * steps * 3)
@@ -271,15 +262,12 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
            verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
            stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, placement: Placement | None = None,
            worker: str = "zckpt_nb.train", **options: Any) -> RunResult:
-    """Train with ZeRO-3 on `nproc` ranks (GPUs if present, else CPU) and return its measurements.
+    """Train on `nproc` ranks (GPUs if present, else CPU) and return its run.json as a `RunResult`.
 
-    `options` are the worker's, typed (`run.options.TrainOptions`: `save_every=50`, `save_mode="async"`,
-    `model="small"`, ...); a name it does not take is refused. `timeout=None` scales the bound with the preset, the
-    steps and the ranks (`default_timeout`). `on_line` and `stop` go to `launch_module`: every output line, and an
-    event that stops the job from any thread. On several nodes, call it once per node with its `nodes`
-    (`run.nodes`); `nproc` is the ranks of each node. `placement` (`run.devices.Placement`) picks CPU ranks or
-    this launch's GPUs. `worker` is the module torchrun starts: the ZeRO-3 worker, or `zckpt_nb.train_fsdp` (FSDP2,
-    the same options); a module name, so this layer never imports the entry points.
+    `options` are the worker's, typed (`TrainOptions`: `save_every=50`, `save_mode="async"`, ...); an unknown one is
+    refused. `timeout=None` scales with the preset, steps and ranks. On several nodes call it once per node with its
+    `nodes`. `worker` is the module torchrun starts (`zckpt_nb.train`, `zckpt_nb.train_fsdp`, or one taking the same
+    flags): a name, so this layer never imports the entry points.
     """
     if not module_exists(worker):
         raise UsageError(f"--worker {worker}: no such module; give zckpt_nb.train, zckpt_nb.train_fsdp or a module "
@@ -319,7 +307,7 @@ def log_name(nodes: Nodes) -> str:
 
 
 def fresh_dir(path: str | Path) -> Path:
-    """Empty (or create) `path` so a notebook re-run starts from nothing; returns it resolved."""
+    """Empty (or create) `path` so a re-run starts from nothing; returns it resolved."""
     path = Path(path).resolve()
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)

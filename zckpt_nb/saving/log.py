@@ -23,12 +23,8 @@ def report_failed_save(outcome: SaveOutcome, output_dir: str | Path, on_save_err
 
 
 class SaveLog:
-    """This rank's saves for run.json, each with how long it stopped training and how long until it was durable.
-
-    `stall_seconds` runs from the save call to the start of the next step (or the end of the loop); a save by
-    DeepSpeed's decoupled engine also stops a later step for `commit_wait_seconds`. Times are seconds since the
-    training loop began on this rank.
-    """
+    """This rank's saves for run.json (`SaveRecord`): how long each stopped training (to the next step's start, plus a
+    later step's wait for DeepSpeed's decoupled writer) and how long until it was durable."""
 
     def __init__(self, output_dir: str | Path, on_save_error: str, rank: int) -> None:
         self.output_dir, self.on_save_error, self.rank = output_dir, on_save_error, rank
@@ -61,11 +57,8 @@ class SaveLog:
             self.saves[-1].commit_wait_at, self.saves[-1].commit_wait_seconds = start - self.loop_start, seconds
 
     def add(self, outcome: SaveOutcome, start: float, durable: bool, cost: SaveCost) -> None:
-        """A save called at `start` returned; `durable`: once committed it is on disk (not DeepSpeed's own saves).
-
-        An asynchronous save returns in flight: `settle` follows once it is committed or failed, and then completes
-        its `cost` with the files the background write put on disk.
-        """
+        """A save called at `start` returned; `durable`: once committed it is on disk. An asynchronous save returns in
+        flight: `settle` follows, and completes its `cost` with the files the background write put on disk."""
         record = SaveRecord(**vars(outcome), started_at=start - self.loop_start)
         self.saves.append(record)
         self.save_seconds += outcome.seconds

@@ -58,11 +58,8 @@ def rotate(save_dir: Path, keep_last: int) -> tuple[list[str], str | None]:
 
 
 def after_commit(save_dir: str | Path, keep_last: int, outcome: SaveOutcome, node_local: bool = False) -> None:
-    """Every rank, after a committed save: each folder's writer rotates; every rank learns the result in `outcome`.
-
-    The writer is rank 0, or every node's local rank 0 with node-local storage; `outcome.deleted` is rank 0's list,
-    `outcome.rotation_error` joins every writer's failures.
-    """
+    """Every rank, after a committed save: each folder's writer rotates; `outcome.deleted` is rank 0's list,
+    `outcome.rotation_error` joins every writer's failures."""
     results = gather(rotate(Path(save_dir), keep_last) if writes_folder(node_local) else ([], None))
     outcome.deleted = results[0][0]
     outcome.rotation_error = "; ".join(error for _, error in results if error) or None

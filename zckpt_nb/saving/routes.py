@@ -17,11 +17,8 @@ from zckpt_nb.format.layout import REFERENCE, WEIGHTS
 
 
 def save_gathered16(engine: Any, out_dir: str | Path) -> Path:
-    """Route 1: DeepSpeed's consolidated save, called on every rank; rank 0 writes `out_dir/pytorch_model.bin`.
-
-    With `stage3_gather_16bit_weights_on_model_save` off, DeepSpeed returns False, writes nothing and says so only
-    at INFO level (hidden by default); we print what it returned, so the silent no-op shows.
-    """
+    """DeepSpeed's consolidated save on every rank; rank 0 writes `out_dir/pytorch_model.bin`. Without the 16-bit gather
+    DeepSpeed writes nothing and says so only at INFO level: the silent no-op is printed."""
     if not engine.save_16bit_model(str(out_dir), WEIGHTS):
         print(f"rank {engine.global_rank}: save_16bit_model returned False and wrote nothing "
               f"(stage3_gather_16bit_weights_on_model_save is "
@@ -56,14 +53,9 @@ def save_per_param(engine: Any, out_dir: str | Path) -> Path:
 
 
 def save_reference(engine: Any, input_ids: Any, output_dir: str | Path, rank: int) -> Path:
-    """Write what the proofs compare against: each rank's own partitions, and the engine's logits on `input_ids`.
-
-    The partitions are the raw `ds_tensor` slices each rank holds, copied with no collective and no DeepSpeed
-    consolidation code; `reference_state_dict` joins them with plain torch. So the reference is independent of
-    all four routes. The logits come from the engine's own forward pass (eval mode: no dropout), on every rank.
-    In bf16 runs the slices are the bf16 weights the engine computes with (fp32 master weights live in the
-    optimizer), so there the routes that read fp32 master weights match up to that cast.
-    """
+    """Write what the tests compare the routes against, independent of all of them: each rank's raw `ds_tensor`
+    slices (no collective, no DeepSpeed consolidation code) and the engine's logits on `input_ids` (the slices are the
+    weights the engine computes with: in bf16, the fp32 masters match them up to that cast)."""
     import torch
 
     ref = Path(output_dir) / REFERENCE
