@@ -19,6 +19,10 @@ __all__ = list(API)
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("SaveMode", "Route"):  # plain enums: no torch, no DeepSpeed
+        from zckpt_nb.format import records
+
+        return getattr(records, name)
     if name in API:
         from zckpt_nb.saving import api
 
