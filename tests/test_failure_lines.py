@@ -71,3 +71,11 @@ def test_an_exceptions_gist_is_its_first_sentence_without_source_folders():
                         "[127.0.0.1]:40656. This is typically caused by a remote worker crashing. Check the logs.")
     assert gist(lost) == "[pair.cc:553] Connection closed by peer [127.0.0.1]:40656"
     assert gist(RuntimeError("Timed out. x")) == "Timed out. x"  # a first sentence too short to stand alone
+
+
+def test_an_error_every_rank_agreed_on_is_said_once_under_the_rank_it_came_from(tmp_path):
+    why = "global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt does not match its SHA-256 (corrupted)"
+    write_log(tmp_path, {0: [f"zckpt_nb.train: error: rank 1: {why}"], 1: [f"zckpt_nb.train: error: rank 1: {why}"],
+                         2: ["zckpt_nb.train_fsdp: error: rank 2: cannot read .metadata; refusing it"]})
+    report = failure_report(LaunchError("job 'train' failed (exit code 1)"), tmp_path).splitlines()
+    assert report[1:-1] == [f"  rank 1: {why}", "  rank 2: cannot read .metadata; refusing it"], report
