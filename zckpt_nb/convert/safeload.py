@@ -14,8 +14,11 @@ plain containers plus only the non-tensor types DeepSpeed 0.19.8 and our client 
 
 from __future__ import annotations
 
+import importlib
+import os
 import pickle
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +32,40 @@ _GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's words for a
 _REASON = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")  # its words for any other refusal
 
 
+TRUST = "ZCKPT_TRUST"  # classes you trust a checkpoint to hold beyond the allowlist: module.Class, comma-separated
+
+
 def allowed_globals() -> list[Any]:
-    """The non-tensor types in DeepSpeed 0.19.8's ZeRO-3 files (found with get_unsafe_globals_in_checkpoint)."""
+    """The non-tensor types in DeepSpeed 0.19.8's ZeRO-3 files (found with get_unsafe_globals_in_checkpoint), and
+    the classes $ZCKPT_TRUST names."""
     import numpy as np
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    # optimizer states: the ZeRO stage and the loss scaler; model states: numpy's RNG state in our client state
-    # (an array of uint32, rebuilt by numpy's _reconstruct)
+    # optimizer states: the ZeRO stage and the loss scaler (fp16's dynamic one too); model states: numpy's RNG state
+    # in our client state (an array of uint32, rebuilt by numpy's _reconstruct)
     numpy_rng = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct]
-    return [ZeroStageEnum, LossScaler, *numpy_rng]
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, *numpy_rng, *trusted_globals()]
+
+
+def trusted_globals() -> list[Any]:
+    """The classes $ZCKPT_TRUST names (`module.Class`, comma-separated), imported; CheckpointError for a bad name."""
+    found = []
+    for name in filter(None, (part.strip() for part in os.environ.get(TRUST, "").split(","))):
+        module, _, attr = name.rpartition(".")
+        try:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError, ValueError) as e:
+            raise CheckpointError(f"{TRUST} names {name!r}, which cannot be imported ({type(e).__name__}); name each "
+                                  "class as module.Class, for example argparse.Namespace") from None
+    return found
+
+
+def is_loaded_class(name: str) -> bool:
+    """`name` (module.Class) is a class of a module already imported: one a user may choose to trust (a function
+    such as os.system never is; nothing is imported to tell)."""
+    module, _, attr = name.rpartition(".")
+    return isinstance(getattr(sys.modules.get(module), attr, None), type)
 
 
 def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | None = None) -> Any:
@@ -53,9 +80,10 @@ def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | N
     except pickle.UnpicklingError as e:
         found = _GLOBAL.search(str(e)) or _REASON.search(str(e))
         what = found.group(1)[:160] if found else type(e).__name__
+        fix = f"if you trust where it came from, allow the class: {TRUST}={what}" if is_loaded_class(what) else \
+            "restore the file from a trusted copy"
         raise CheckpointError(f"{name} holds a type outside the allowlist of what DeepSpeed writes ({what}); "
-                              "refusing to unpickle it (it could run code): restore the file from a trusted copy "
-                              "or save the checkpoint again") from None
+                              f"refusing to unpickle it (it could run code): {fix}") from None
     except (OSError, RuntimeError, EOFError) as e:  # truncated, not a zip, not a torch file
         raise CheckpointError(f"cannot read {name}: {type(e).__name__}: {str(e).strip()[:200]}") from None
 
