@@ -1,6 +1,7 @@
 """Four routes to one full model, on a real 2-rank ZeRO-3 run: equal to the engine's weights, costs measured."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -10,8 +11,9 @@ import pytest
 import torch
 from weights import compare_weights, load_weights, reference_state_dict
 
-from zckpt_nb.convert.export import corpus_overlap, measure_export, reload_in_fresh_process
+from zckpt_nb.convert.export import measure_export
 from zckpt_nb.convert.zero_to_fp32 import measure_offline
+from zckpt_nb.data import corpus_text
 from zckpt_nb.format.layout import MANIFEST
 from zckpt_nb.measure import meters
 from zckpt_nb.run.launch import launch
@@ -185,6 +187,40 @@ def test_offline_and_hf_read_every_shard_and_communicate_nothing(routes_run, off
 
 
 # --- the HF export, reloaded without DeepSpeed ---
+
+RELOAD = """import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+reference = torch.load(sys.argv[2], map_location="cpu", weights_only=True)
+with torch.no_grad():
+    out = model(input_ids=reference["input_ids"]).logits
+print(json.dumps({"class": type(model).__name__, "logits_shape": list(out.shape),
+                  "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
+                  "max_abs_logit_diff": float((out - reference["logits"]).abs().max()),
+                  "deepspeed_imported": "deepspeed" in sys.modules}))
+"""
+
+
+def reload_in_fresh_process(model_dir, reference) -> dict:
+    """The export loaded by transformers alone in a new Python process: its logits against the engine's."""
+    done = subprocess.run([sys.executable, "-c", RELOAD, str(model_dir), str(reference)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def corpus_overlap(text: str) -> dict:
+    """How much of `text` comes from the shipped corpus: the share of its words found there, and its word trigrams."""
+    def split(t: str) -> list[str]:  # words only: punctuation and line breaks do not count
+        return re.findall(r"[A-Za-z']+", t)
+
+    corpus_words, words = split(corpus_text()), split(text)
+    joined, vocabulary = f" {' '.join(corpus_words)} ", set(corpus_words)
+    trigrams = [" ".join(words[i:i + 3]) for i in range(len(words) - 2)]
+    return {"words in corpus": sum(w in vocabulary for w in words) / max(1, len(words)),
+            "trigrams in corpus": [t for t in trigrams if f" {t} " in joined]}
+
 
 def test_hf_export_reloads_without_deepspeed_and_gives_the_engine_logits(routes_run, hf):
     report = reload_in_fresh_process(hf[0], routes_run.output_dir / "reference" / "logits.pt")

@@ -9,13 +9,12 @@ which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on 
 conversion lists the tied name as the same object; the export stores the matrix once, as transformers'
 `save_pretrained` does, streaming each tensor from the rank files (`zckpt_nb.convert.streaming`).
 
-This module imports neither DeepSpeed nor torch at import time, so `generate` and `reload_check` stay DeepSpeed-free.
+This module imports neither DeepSpeed nor torch at import time, so `generate` stays DeepSpeed-free.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,7 @@ from zckpt_nb.convert.model_card import run_facts, write_card
 from zckpt_nb.convert.safeload import check_files, load
 from zckpt_nb.convert.streaming import write_weights
 from zckpt_nb.convert.verify import check_output, newest_committed
-from zckpt_nb.convert.zero_to_fp32 import shard_files, zero_to_fp32_script
-from zckpt_nb.data import corpus_text
+from zckpt_nb.convert.zero_to_fp32 import shard_files
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable, read_json, staged, umask
 from zckpt_nb.format.layout import EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
@@ -34,24 +32,6 @@ from zckpt_nb.measure.meters import ready_to_time
 from zckpt_nb.model import gpt2_config
 
 # What each file of an export is for.
-FILE_ROLES = {
-    "config.json": "the architecture (GPT-2 shape, vocabulary size, special token ids): what from_pretrained builds",
-    "generation_config.json": "defaults for generate() (bos/eos/pad token ids), derived from the config",
-    "model.safetensors": "all weights in one safetensors file (no pickle: loading runs no code)",
-    "model.safetensors.index.json": "which tensor lives in which shard, written when weights exceed max_shard_size",
-    "model-*-of-*.safetensors": "one shard of the weights, each at most max_shard_size",
-    "tokenizer.json": "the trained byte-level BPE tokenizer: vocabulary, merges, pre-tokenizer, special tokens",
-    "tokenizer_config.json": "tokenizer class (one transformers 4 and 5 both load), special tokens (bos/eos/pad), "
-                             "max length (the model's context); transformers 5 keeps the special tokens here, so it "
-                             "writes no special_tokens_map.json",
-    "chat_template.jinja": "the chat template, if the tokenizer has one",
-    "README.md": "the model card: the run's facts (preset, steps, loss, ranks, source tag and its manifest's "
-                 "SHA-256), how to load it, and the front matter the Hugging Face Hub reads",
-    "zckpt_manifest.json": "zckpt_nb's record of the export: every file's size and SHA-256 (export --overwrite "
-                           "replaces only a folder holding one)",
-}
-
-
 PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer_class that transformers 4.x and 5 both load
 
 
@@ -210,17 +190,6 @@ def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None
                            written=lambda: meters.files_under(out_dir), read=shard_files(ckpt_dir, tag))
 
 
-def describe_export(model_dir: str | Path) -> list[dict[str, Any]]:
-    """Every file of an export with its size and what it is for."""
-    from fnmatch import fnmatch
-
-    rows = []
-    for path in meters.files_under(model_dir):
-        role = next((r for pattern, r in FILE_ROLES.items() if fnmatch(path.name, pattern)), "other")
-        rows.append({"file": path.name, "bytes": path.stat().st_size, "what it is for": role})
-    return rows
-
-
 def check_model_dir(model_dir: Path) -> None:
     """Raise UsageError unless `model_dir` looks like a Hugging Face model folder."""
     if not (model_dir / "config.json").is_file():
@@ -295,76 +264,3 @@ def logits(model: Any, input_ids: Any) -> Any:
 
     with torch.no_grad():
         return model(input_ids=input_ids).logits
-
-
-def corpus_overlap(text: str) -> dict[str, Any]:
-    """How much of `text` comes from the shipped corpus: share of its words found there, and its word trigrams."""
-    import re
-
-    def split(t: str) -> list[str]:  # words only: punctuation and line breaks do not count
-        return re.findall(r"[A-Za-z']+", t)
-
-    corpus_words, words = split(corpus_text()), split(text)
-    joined, vocabulary = f" {' '.join(corpus_words)} ", set(corpus_words)
-    trigrams = [" ".join(words[i:i + 3]) for i in range(len(words) - 2)]
-    return {"words": len(words), "words in corpus": sum(w in vocabulary for w in words) / max(1, len(words)),
-            "trigrams in corpus": [t for t in trigrams if f" {t} " in joined]}
-
-
-def deepspeed_safe_serialization(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> tuple[int, str]:
-    """Run DeepSpeed's own `zero_to_fp32.py --safe_serialization` (what route 4 replaces): (exit code, last line)."""
-    done = zero_to_fp32_script(ckpt_dir, out_dir, "--safe_serialization", timeout=timeout)
-    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    errors = [i for i, line in enumerate(lines) if line.split(":")[0].endswith("Error")]
-    # Python prints the exception's name, then its message on the following lines: keep both, in one line
-    return done.returncode, " ".join(lines[errors[-1]:errors[-1] + 2]) if errors else ""
-
-
-def reload_check(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
-                 max_new_tokens: int = 30) -> dict[str, Any]:
-    """Load an export with transformers alone; logits against a reference file, generated text, imported modules."""
-    import torch
-
-    model = load_model(model_dir)
-    report: dict[str, Any] = {
-        "class": type(model).__name__, "dtype": str(model.dtype),
-        "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
-        "text": generate(model_dir, prompt, max_new_tokens),
-    }
-    if reference is not None:
-        ref = torch.load(reference, map_location="cpu", weights_only=True)
-        out = logits(model, ref["input_ids"])
-        report["max_abs_logit_diff"] = float((out - ref["logits"]).abs().max())
-        report["logits_shape"] = list(out.shape)
-    report["deepspeed_imported"] = "deepspeed" in sys.modules
-    return report
-
-
-def reload_in_fresh_process(model_dir: str | Path, reference: str | Path | None = None, prompt: str = "The keeper",
-                            max_new_tokens: int = 30, timeout: float = 300) -> dict[str, Any]:
-    """`reload_check` in a new Python process (nothing imported before), returned as a dict."""
-    import subprocess
-
-    cmd = [sys.executable, "-m", "zckpt_nb.convert.export", str(model_dir), "--prompt", prompt,
-           "--max_new_tokens", str(max_new_tokens)] + (["--reference", str(reference)] if reference else [])
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"reloading {model_dir} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m zckpt_nb.convert.export MODEL_DIR [--reference FILE]`: print `reload_check` as one JSON line."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m zckpt_nb.convert.export", description=main.__doc__)
-    parser.add_argument("model_dir")
-    parser.add_argument("--reference", default=None)
-    parser.add_argument("--prompt", default="The keeper")
-    parser.add_argument("--max_new_tokens", type=int, default=30)
-    args = parser.parse_args(argv)
-    print(json.dumps(reload_check(args.model_dir, args.reference, args.prompt, args.max_new_tokens)))
-
-
-if __name__ == "__main__":
-    main()

@@ -81,8 +81,8 @@ def run_facts(ckpt_dir: Path, tag: str, config: Any, tensors: dict[str, Any], to
     }
 
 
-def vocabulary_note(facts: dict[str, Any]) -> str:
-    """One sentence on the model's vocabulary against the tokenizer's entries."""
+def vocabulary(facts: dict[str, Any]) -> str:
+    """The card's paragraph on the model's vocabulary against the tokenizer's entries."""
     vocab, entries, decoded = facts["vocab_size"], facts["tokenizer_entries"], facts["unused_ids_decode_to"]
     if entries is None:
         return (f"No tokenizer was saved with the checkpoint, so this folder has none: the model reads token ids 0 to "
@@ -170,7 +170,7 @@ tags:
 |---|---|
 {fact_rows(facts)}
 
-{vocabulary_note(facts)}
+{vocabulary(facts)}
 
 ## Use
 

@@ -43,11 +43,6 @@ class Route(StrEnum):
     OFFLINE = "offline"  # DeepSpeed's zero_to_fp32 after training, in one process
     HF = "hf"  # the Hugging Face export after training, in one process
 
-    @property
-    def in_training(self) -> bool:
-        """Whether the route runs in the training ranks (every rank calls it)."""
-        return self in (Route.GATHERED16, Route.PER_PARAM)
-
 
 class Record:
     """A dataclass that reads back from its JSON. `record["name"]` reads a field as well, for code written while

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from zckpt_nb.errors import LaunchError, short_line
+from zckpt_nb.errors import short_line
 
 WORKER_ERROR = "zckpt_nb.train: error: "  # how the worker prints the one line of a refused or failed job
 ANY_WORKER_ERROR = re.compile(r"zckpt_nb\.\w+: error: ")  # the same line from any of the package's workers
@@ -21,12 +21,6 @@ def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/")
         if m and not re.match(skip, m.group(2)):
             lines.setdefault(m.group(1), []).append(m.group(2))
     return {who: found[-last:] for who, found in sorted(lines.items())}
-
-
-def worker_error(err: LaunchError) -> str:
-    """The one line a rank printed for a refused job (`zckpt_nb.train: error: ...`), out of the launch's message."""
-    lines = [line.strip() for line in str(err).splitlines() if WORKER_ERROR in line]
-    return lines[0] if lines else str(err).splitlines()[0]
 
 
 def rank_errors(output_dir: str | Path) -> dict[str, str]:
