@@ -189,10 +189,10 @@ def calibration_sentence(rows: list[dict[str, Any]], tolerance: float = 0.25) ->
 
 
 def load_records(out_dir: Path) -> list[dict[str, Any]]:
-    """Records `python -m zckpt_nb compare` measured into `out_dir/compare.json`, in the shipped records' keys."""
+    """Records `compare_world_sizes.py` measured into `out_dir/compare.json`, in the shipped records' keys."""
     from dataclasses import asdict
 
-    from zckpt_nb.compare import load_records as measured
+    from measured_routes import load_records as measured  # benchmarks/measured_routes.py
 
     renamed = {"route": "mode", "peak_rss_bytes": "peak_memory_bytes"}
     return [{renamed.get(k, k): v for k, v in asdict(r).items()} for r in measured(out_dir)]

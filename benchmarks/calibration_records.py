@@ -19,7 +19,8 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from zckpt_nb.compare import compare
+from measured_routes import compare  # benchmarks/measured_routes.py
+
 from zckpt_nb.format.records import Route
 
 PLAN = {"tiny": [1, 2, 3, 4], "small": [1, 2, 3], "medium": [1, 2, 3]}

@@ -10,8 +10,12 @@ hold and how rank 0's partitioned bytes scale with N. Tables of its output: docs
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from zckpt_nb.compare import compare
+from measured_routes import RESULTS, compare  # benchmarks/measured_routes.py
+
+from zckpt_nb.errors import UsageError
 from zckpt_nb.format.records import Route
 
 
@@ -22,10 +26,17 @@ def main() -> None:
     parser.add_argument("--routes", nargs="+", default=list(Route))
     parser.add_argument("--output_dir", default="build/bench/compare")
     parser.add_argument("--fresh", action="store_true", help="measure again instead of reusing compare.json")
-    parser.add_argument("--persistence_threshold", type=int, default=0)
+    parser.add_argument("--persistence_threshold", type=int, default=0,
+                        help="stage3_param_persistence_threshold (DeepSpeed's default: 100000)")
+    parser.add_argument("--steps", type=int, default=5, help="training steps before the saves")
+    parser.add_argument("--timeout", type=float, default=1800, help="per world size; kills every rank when passed")
     args = parser.parse_args()
-    records = compare(args.nproc, args.model, args.routes, args.output_dir, reuse=not args.fresh,
-                      persistence_threshold=args.persistence_threshold, verbose=False)
+    try:
+        records = compare(args.nproc, args.model, args.routes, args.output_dir, steps=args.steps,
+                          timeout=args.timeout, reuse=not args.fresh, persistence_threshold=args.persistence_threshold,
+                          verbose=False)
+    except UsageError as e:
+        sys.exit(f"compare_world_sizes: error: {e}")
     print(f"{'route':<12}{'N':>3}{'rank':>5}{'pred B':>13}{'meas B':>13}{'ratio':>8}{'rank file B':>13}"
           f"{'file/pred':>10}"
           f"{'pred comm':>12}{'logged':>12}{'pred MiB':>9}{'meas MiB':>9}{'s':>8}")
@@ -46,9 +57,11 @@ def main() -> None:
           f"bytes do; {near} of {len(predicted)} predicted extra peaks lie within 25% of the measured ones")
     base = min(args.nproc)
     part = {r.world_size: r.measured_payload_bytes for r in records if r.route == "partitioned" and r.rank == 0}
-    print(f"\nscaling of rank 0's partitioned bytes against N = {base}:")
+    if part:
+        print(f"\nscaling of rank 0's partitioned bytes against N = {base}:")
     for n, size in sorted(part.items()):
         print(f"  N = {n}: {size:,} bytes, {size / part[base]:.3f} x (ideal {base / n:.3f} x)")
+    print(f"{len(records)} records in {Path(args.output_dir) / RESULTS}")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from calibration import MEASURED
+from measured_routes import compare  # benchmarks/measured_routes.py
 
-from zckpt_nb.compare import compare
 from zckpt_nb.format.records import Route
 from zckpt_nb.measure.meters import flush_writes
 

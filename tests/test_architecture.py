@@ -19,7 +19,7 @@ LAYERS = [
     ("convert and plan", ["zckpt_nb.convert", "zckpt_nb.plan"]),
     ("saving", ["zckpt_nb.saving"]),
     ("run", ["zckpt_nb.run"]),
-    ("entry points", ["zckpt_nb.train", "zckpt_nb.compare", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb"]),
+    ("entry points", ["zckpt_nb.train", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb"]),
     ("course", ["zckpt_nb.course", "zckpt_nb.lessons", "zckpt_nb.ui", "zckpt_nb.examples"]),
 ]
 

@@ -1,15 +1,19 @@
-"""`zckpt_nb.compare` and `python -m zckpt_nb compare`: every save route measured in real 2-rank and 1-rank runs,
-beside the cost model's prediction."""
+"""`benchmarks/measured_routes.py` and its command `benchmarks/compare_world_sizes.py`: every save route measured in
+real 2-rank and 1-rank runs, beside the cost model's prediction."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from zckpt_nb.compare import RESULTS, compare, load_records, select
 from zckpt_nb.format.records import Route
 from zckpt_nb.plan.costs import predict
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+from measured_routes import RESULTS, compare, load_records, select  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +57,17 @@ def test_what_was_measured_is_reused_and_a_new_world_size_measured(compared, tmp
 
 
 def test_compare_cli_refuses_bad_world_sizes(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "compare", "--nproc", "0", "--output_dir",
+    done = subprocess.run([sys.executable, BENCHMARKS / "compare_world_sizes.py", "--nproc", "0", "--output_dir",
                            str(tmp_path / "c")], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--nproc values must be >= 1" in done.stderr
+    assert done.returncode == 1 and "--nproc values must be >= 1" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_the_compare_command_prints_each_route_beside_its_prediction(tmp_path):
     out = tmp_path / "c"
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "compare", "--nproc", "1", "--routes", "partitioned",
-                           "gathered16", "hf", "--output_dir", str(out)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, BENCHMARKS / "compare_world_sizes.py", "--nproc", "1", "--routes",
+                           "partitioned", "gathered16", "hf", "--output_dir", str(out)], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     records = load_records(out)
     assert {(r.route, r.rank) for r in records} == {("partitioned", 0), ("gathered16", 0), ("hf", 0)}

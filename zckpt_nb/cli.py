@@ -174,23 +174,6 @@ def world_sizes(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from zckpt_nb.compare import RESULTS, compare
-
-    check_writable_dir(args.output_dir)
-    records = compare(args.nproc, args.model, args.routes, args.output_dir, steps=args.steps, timeout=args.timeout,
-                      reuse=not args.fresh, persistence_threshold=args.persistence_threshold, verbose=False)
-    header = ("route", "N", "rank", "written, predicted", "measured", "collectives, predicted", "logged",
-              "extra peak pred / meas")
-    print(text_table(header, [(r.route, str(r.world_size), str(r.rank), f"{r.predicted_bytes:,} B",
-                               f"{r.measured_payload_bytes:,} B", f"{r.predicted_comm_bytes:,} B",
-                               "-" if r.logged_comm_bytes is None else f"{r.logged_comm_bytes:,} B",
-                               f"{size(r.predicted_extra_peak_bytes)} / {size(r.measured_extra_peak_bytes)}")
-                              for r in records]))
-    print(f"{len(records)} records in {Path(args.output_dir) / RESULTS}")
-    return 0
-
-
 def check_writable_dir(path: str) -> None:
     """One clear line when the output folder cannot be written (before anything runs)."""
     from zckpt_nb.format.disk import check_writable
@@ -351,35 +334,17 @@ def add_export_commands(sub: Any) -> None:
     gen.set_defaults(func=cmd_generate)
 
 
-def add_lesson_commands(sub: Any) -> None:
-    from zckpt_nb.format.records import Route
-    from zckpt_nb.model import PRESETS
-
-    cmp = sub.add_parser("compare", help="measure each save route across world sizes against the cost model")
-    cmp.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
-    cmp.add_argument("--model", default="tiny", choices=sorted(PRESETS))
-    cmp.add_argument("--routes", nargs="+", default=list(Route), choices=list(Route))
-    cmp.add_argument("--output_dir", required=True)
-    cmp.add_argument("--steps", type=int, default=5, help="training steps before the saves")
-    cmp.add_argument("--timeout", type=float, default=1800, help="per world size; kills every rank when passed")
-    cmp.add_argument("--fresh", action="store_true", help="measure again instead of reusing DIR/compare.json")
-    cmp.add_argument("--persistence_threshold", type=int, default=0,
-                     help="stage3_param_persistence_threshold (DeepSpeed's default: 100000)")
-    cmp.set_defaults(func=cmd_compare)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """Every command's parser: training, the checkpoint tools, planning, export, the lessons' own."""
+    """Every command's parser: training, the checkpoint tools, planning, export."""
     parser = argparse.ArgumentParser(prog="python -m zckpt_nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (add_train, add_checkpoint_commands, add_dcp_commands, add_costs, add_export_commands,
-                add_lesson_commands):
+    for add in (add_train, add_checkpoint_commands, add_dcp_commands, add_costs, add_export_commands):
         add(sub)
     return parser
 
 
 # Commands that read or convert files in this process and never use an accelerator: DeepSpeed is told so (it then
-# prints no "Setting accelerator to CPU" warning into their output). train and compare launch ranks on GPUs if any.
+# prints no "Setting accelerator to CPU" warning into their output). train launches ranks on GPUs if any.
 OFFLINE = ("adopt", "inspect", "verify", "reshard", "collect", "export", "generate", "costs", "to-dcp", "from-dcp")
 
 

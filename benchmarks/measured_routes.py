@@ -1,4 +1,5 @@
-"""The cost model against a real run: every save route measured at each world size, beside its prediction.
+"""The cost model against a real run: every save route measured at each world size, beside its prediction
+(`benchmarks/compare_world_sizes.py` is its command; the calibration benchmarks reuse its records).
 
 For each world size N one training launch saves a partitioned checkpoint and runs the in-training routes asked for
 (16-bit gather, per-parameter gather); the offline routes (zero_to_fp32, HF export) then run on that checkpoint in
