@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.inspect import shard_paths
+from zckpt_nb.convert.inspect import excludes_frozen, shard_paths
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import unlisted, verify_tag
 from zckpt_nb.errors import CheckpointError
@@ -65,10 +65,11 @@ def read_facts(tag_dir: Path, files: dict[int, dict[str, Path]]) -> dict[str, An
     optim = files[0].get("optim")
     dtype = "bf16" if (optim and optim.name.startswith("bf16_")) or config.get("bf16", {}).get("enabled") else \
         "fp16" if config.get("fp16", {}).get("enabled") else "fp32"
-    shapes = [s for group in states.get("param_shapes", []) for s in group.values()]
+    trained = sum(s.numel() for group in states.get("param_shapes", []) for s in group.values())
+    frozen = sum(s.numel() for s in (states.get("frozen_param_shapes") or {}).values())
     return {"deepspeed_version": states.get("ds_version"), "world_size": int(states["dp_world_size"]),
-            "step": int(states.get("global_steps", 0)), "dtype": dtype,
-            "num_params": sum(s.numel() for s in shapes)}
+            "step": int(states.get("global_steps", 0)), "dtype": dtype, "num_params": trained + frozen,
+            "frozen_params": frozen, "frozen_excluded": excludes_frozen(states)}
 
 
 def check_rank_files(tag_dir: Path, files: dict[int, dict[str, Path]], world: int) -> None:
@@ -132,6 +133,9 @@ def describe_adoption(manifest: Manifest) -> str:
     if not facts:
         return f"{manifest.tag} was already committed by zckpt_nb; nothing to adopt"
     kind = (manifest.identity or {}).get("model_type", "a model")
-    return (f"adopted {manifest.tag}: {kind}, {facts['num_params']:,} parameters, {facts['dtype']}, step "
+    frozen = facts.get("frozen_params", 0)
+    held = " (frozen weights not saved: exclude_frozen_parameters=True)" if facts.get("frozen_excluded") else \
+        f" ({frozen:,} of them frozen)" if frozen else ""
+    return (f"adopted {manifest.tag}: {kind}, {facts['num_params']:,} parameters{held}, {facts['dtype']}, step "
             f"{facts['step']}, saved by {counted(facts['world_size'], 'rank')} with DeepSpeed "
             f"{facts['deepspeed_version']}; verify, inspect, export and reshard now read it")

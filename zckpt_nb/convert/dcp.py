@@ -37,7 +37,7 @@ from zckpt_nb.convert.reshard import ensure_universal, manifest_hash, reusable
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.streaming import meta_model
 from zckpt_nb.convert.verify import check_hashes, check_output, listed_files, newest_committed, verify_folder
-from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader
+from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader, check_frozen_kept
 from zckpt_nb.errors import CheckpointError, UsageError, first_line, os_error_in
 from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, staged
@@ -305,6 +305,19 @@ def plain_source(folder: Path, manifest: Manifest) -> Source | None:
     return source
 
 
+def config_beside(ckpt_dir: Path) -> Any:
+    """The transformers config in `ckpt_dir/config.json`, or None where there is none."""
+    from transformers import AutoConfig
+
+    if not (ckpt_dir / "config.json").is_file():
+        return None
+    try:
+        return AutoConfig.from_pretrained(str(ckpt_dir))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read the model's config from {ckpt_dir / 'config.json'}: {first_line(e)}") \
+            from None
+
+
 def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple[Source, dict[str, Any], Any]:
     """The source to-dcp streams from, what it is (route, manifest, cost), and the rank files' SHA-256 check running
     in `pool` (None for the universal copy, which is verified whole first).
@@ -374,6 +387,7 @@ def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
     tag = tag or newest_committed(ckpt_dir, "converting to DCP")
     with ThreadPoolExecutor(max_workers=1) as pool:
         source, facts, check = open_source(ckpt_dir, tag, route, pool)
+        check_frozen_kept(source.states, lambda: config_beside(ckpt_dir), set(source.states["module"]), ckpt_dir / tag)
         with staged(out) as tmp:
             try:
                 cost, digests = write_dcp(source, tmp)

@@ -39,13 +39,21 @@ class CheckpointInfo:
     ckpt_dir: str
     tag: str
     world_size: int
-    num_params: int  # P, without padding
+    num_params: int  # P of the trained parameters (what the partitions hold), without padding
     num_tensors: int
     ranks: list[RankShard]
     status: str = "committed by zckpt_nb"  # or adopted, or not committed (no manifest: its files unverified)
+    frozen_params: int = 0  # elements of frozen parameters, whole in each rank's model states
+    frozen_excluded: bool = False  # saved with exclude_frozen_parameters=True: the frozen weights are not in it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def excludes_frozen(states: dict[str, Any]) -> bool:
+    """Saved with DeepSpeed's `exclude_frozen_parameters=True`: its ZeRO-3 model states then hold `frozen_param_shapes`
+    as None (DeepSpeed 0.19.8 `_common_checkpoint_state`; an empty mapping where it kept them and none was frozen)."""
+    return "frozen_param_shapes" in states and states["frozen_param_shapes"] is None
 
 
 def shard_paths(tag_dir: Path, names: list[str] | None = None) -> dict[int, dict[str, Path]]:
@@ -113,10 +121,11 @@ def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> Checkpoi
     files = shard_paths(ckpt_dir / tag, names)
     if 0 not in files or "model" not in files[0]:
         raise FileNotFoundError(f"{ckpt_dir / tag} holds no model states of rank 0: not a ZeRO checkpoint")
-    shapes = load(files[0]["model"], mmap=True)["param_shapes"]
-    numels = [s.numel() for group in shapes for s in group.values()]
+    states = load(files[0]["model"], mmap=True)
+    numels = [s.numel() for group in states["param_shapes"] for s in group.values()]
+    frozen = sum(s.numel() for s in (states.get("frozen_param_shapes") or {}).values())
     return CheckpointInfo(str(ckpt_dir), tag, len(files), sum(numels), len(numels),
-                          [read_shard(r, p) for r, p in sorted(files.items())], status)
+                          [read_shard(r, p) for r, p in sorted(files.items())], status, frozen, excludes_frozen(states))
 
 
 def format_inspection(info: CheckpointInfo) -> str:
@@ -124,6 +133,9 @@ def format_inspection(info: CheckpointInfo) -> str:
     n = info.world_size
     lines = [f"checkpoint {info.ckpt_dir} tag {info.tag} ({info.status}): P = {info.num_params:,} parameters "
              f"in {info.num_tensors} tensors, N = {n} ranks, P/N = {exact_ratio(info.num_params, n)}"]
+    if info.frozen_params or info.frozen_excluded:
+        lines[0] += "; frozen weights not saved (exclude_frozen_parameters=True)" if info.frozen_excluded else \
+            f"; plus {info.frozen_params:,} frozen parameters, whole in every rank's model states"
     for shard in info.ranks:
         lines.append(f"rank {shard.rank}: {shard.partition_numel:,} parameter elements "
                      f"({shard.partition_numel / info.num_params:.1%} of P, padding included), {shard.bytes:,} bytes")

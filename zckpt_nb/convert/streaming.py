@@ -24,6 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.convert.inspect import shard_paths
+from zckpt_nb.convert.safeload import load
+from zckpt_nb.convert.zero_shards import check_frozen_kept
 from zckpt_nb.errors import UsageError, first_line
 from zckpt_nb.format.disk import PAGE
 
@@ -240,7 +243,10 @@ def write_weights(ckpt_dir: Path, tag: str, config: Any, dest: Path, max_shard_s
     from transformers import GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    tensors = stored_names(lazy_state_dict(ckpt_dir, tag))
+    lazy = lazy_state_dict(ckpt_dir, tag)
+    check_frozen_kept(load(shard_paths(ckpt_dir / tag)[0]["model"], mmap=True), lambda: config, set(lazy),
+                      ckpt_dir / tag)
+    tensors = stored_names(lazy)
     check_shapes(config, tensors, build=check)
     write_shards(tensors, plan_shards(tensors, max_shard_size), dest)
     # what save_pretrained records: the class that loads the weights, and their dtype (fp32 master weights)

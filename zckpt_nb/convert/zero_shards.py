@@ -17,10 +17,11 @@ peak RSS stays the budget plus the tensors being written, whatever the checkpoin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.inspect import shard_paths
+from zckpt_nb.convert.inspect import excludes_frozen, shard_paths
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.errors import CheckpointError
 
@@ -46,6 +47,28 @@ class MappedFiles:
         self.used += nbytes
         if self.used >= self.budget:
             self.loaded, self.used = {}, 0
+
+
+def check_frozen_kept(states: dict[str, Any], config: Callable[[], Any], present: set[str], where: Path) -> None:
+    """CheckpointError where `where` was saved without its frozen weights and the model that `config()` describes
+    (None: no config to tell) has parameters not in `present`: a conversion would leave them randomly initialised."""
+    if not excludes_frozen(states):
+        return
+    config = config()
+    if config is None:
+        raise CheckpointError(f"{where} was saved with exclude_frozen_parameters=True and has no config.json beside "
+                              "it to tell which weights it lacks: pass the model's config (--config)")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    missing = [name for name, _ in model.named_parameters() if name not in present]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise CheckpointError(f"{where} was saved with exclude_frozen_parameters=True: it holds no weights for "
+                              f"{missing[0]}{more}, which would load randomly initialised; save it again without "
+                              "that option, or resume it in training with zckpt_nb.resume(engine, dir, strict=False)")
 
 
 def own_storage(tensor: Any) -> Any:

@@ -2,6 +2,7 @@
 trained with DeepSpeed ZeRO-3 alone, no part of this package in the loop.
 
     torchrun --nproc_per_node 2 -m zckpt_nb.examples.own_loop OUT [--steps 6] [--dtype bf16] [--save deepspeed]
+        [--freeze_embeddings] [--exclude_frozen]
 
 `--save deepspeed` ends with DeepSpeed's own `engine.save_checkpoint(OUT)` on every rank (the rank-0 guard only around
 the folder and `config.json`): a checkpoint without a manifest, which `python -m zckpt_nb adopt OUT` takes in.
@@ -26,7 +27,7 @@ class BrokenTokenizer:
         raise RuntimeError(f"this tokenizer cannot be saved into {folder}")
 
 
-def build(dtype: str) -> tuple[object, object, dict]:
+def build(dtype: str, freeze_embeddings: bool = False) -> tuple[object, object, dict]:
     """The model built partitioned (HfDeepSpeedConfig alive before from_config) and its ZeRO-3 engine."""
     import deepspeed
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -41,7 +42,9 @@ def build(dtype: str) -> tuple[object, object, dict]:
                  "bf16": {"enabled": dtype == "bf16"}}
     keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  (transformers reads it while building the model)
     model = AutoModelForCausalLM.from_config(config)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    model.get_input_embeddings().requires_grad_(not freeze_embeddings)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=ds_config)
     return engine, config, ds_config
 
 
@@ -57,12 +60,14 @@ def main() -> None:
     parser.add_argument("--save", default="deepspeed", choices=["deepspeed", "zckpt"])
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--fail_preparing", action="store_true")
+    parser.add_argument("--freeze_embeddings", action="store_true")
+    parser.add_argument("--exclude_frozen", action="store_true")
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
-    engine, config, _ = build(args.dtype)
+    engine, config, _ = build(args.dtype, args.freeze_embeddings)
     rank, start = dist.get_rank(), 0
     if args.resume:
-        start = zckpt_nb.resume(engine, args.out)["step"]
+        start = zckpt_nb.resume(engine, args.out, strict=not args.exclude_frozen)["step"]
         print(f"rank {rank}: resumed at step {start}", flush=True)
     for step in range(start, args.steps):
         torch.manual_seed(1000 * step + rank)  # this rank's batch of this step
@@ -75,7 +80,8 @@ def main() -> None:
         if rank == 0:  # only the folder and the config: the save itself is collective
             os.makedirs(args.out, exist_ok=True)
             config.save_pretrained(args.out)
-        engine.save_checkpoint(args.out)  # every rank
+        engine.save_checkpoint(args.out, client_state={"step": args.steps},  # every rank
+                               exclude_frozen_parameters=args.exclude_frozen)
     else:
         tokenizer = BrokenTokenizer() if args.fail_preparing else None
         outcome = zckpt_nb.save(engine, args.out, step=args.steps, tokenizer=tokenizer,

@@ -127,8 +127,9 @@ def wait(engine: Any) -> list[SaveOutcome]:
     return [outcome for outcome in done if outcome is not None]
 
 
-def resume(engine: Any, output_dir: str | Path, tag: str | None = None) -> dict[str, Any]:
+def resume(engine: Any, output_dir: str | Path, tag: str | None = None, *, strict: bool = True) -> dict[str, Any]:
     """Every rank: load the newest committed checkpoint (or `tag`) into `engine`, after every rank verified its own
-    files against the manifest and every file was unpickled weights-only; returns the saved client state."""
+    files against the manifest and every file was unpickled weights-only; returns the saved client state.
+    `strict=False` loads a checkpoint saved with `exclude_frozen_parameters=True` (frozen weights stay the model's)."""
     tag = agreed_resume_tag(output_dir, None, tag)[0]  # an explicit tag is verified too
-    return load_verified(engine, output_dir, tag)
+    return load_verified(engine, output_dir, tag, strict=strict)

@@ -81,16 +81,18 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
     return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, record
 
 
-def load_verified(engine: Any, load_dir: str | Path, tag: str, restore_rng: bool = True) -> dict[str, Any]:
+def load_verified(engine: Any, load_dir: str | Path, tag: str, restore_rng: bool = True,
+                  strict: bool = True) -> dict[str, Any]:
     """Load model, optimizer, scheduler and client state from verified checkpoint `tag`; restore this rank's RNG
     when the client state holds the package's. Returns the client state.
 
-    `restore_rng=False` for a universal load: every rank then reads rank 0's client state, not its own.
+    `restore_rng=False` for a universal load: every rank then reads rank 0's client state, not its own; `strict`
+    is DeepSpeed's `load_module_strict` (False: a module state without the frozen weights loads).
     DeepSpeed reads through the package's checkpoint engine (`saving.engine`), weights-only: a file holding anything
     but tensors and the types DeepSpeed writes is refused before it can run code, even with a forged manifest.
     """
     install(engine)
-    path, state = engine.load_checkpoint(str(load_dir), tag=tag)
+    path, state = engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=strict)
     if path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint {tag} to load in {load_dir}")
     if restore_rng and CLIENT_KEY in state:
