@@ -92,3 +92,14 @@ def test_commit_writes_the_manifest_last_and_it_reads_back_equal(tmp_path):
     manifest = Manifest("global_step1", 1, [entry], world_size=1, identity={"model": "tiny"})
     commit(folder, manifest)
     assert read_manifest(folder) == manifest and not (folder / f"{MANIFEST}.tmp").exists()
+
+
+def test_a_folder_of_saves_without_a_manifest_is_refused_with_adopt_named(tmp_path):
+    from zckpt_nb.convert.verify import tag_to_resume
+
+    (tmp_path / "global_step2").mkdir()
+    (tmp_path / "global_step2" / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"DeepSpeed's")
+    with pytest.raises(CheckpointError, match=r"global_step2 is a complete save another tool wrote .*zckpt_nb adopt"):
+        tag_to_resume(tmp_path)
+    with pytest.raises(CheckpointError, match=r"holds zckpt_manifest.json\)$"):
+        tag_to_resume(tmp_path / "empty")

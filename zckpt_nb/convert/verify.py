@@ -220,8 +220,11 @@ def tag_to_resume(ckpt_dir: str | Path, among: set[str] | None = None) -> tuple[
     """
     committed = [t for t in committed_tags(ckpt_dir) if among is None or t in among]
     if not committed:
+        uncommitted = incomplete_tags(ckpt_dir)
+        adopt = f"; if {uncommitted[-1]} is a complete save another tool wrote (DeepSpeed's own save_checkpoint " \
+            f"writes no manifest), `python -m zckpt_nb adopt {ckpt_dir}` checks and commits it" if uncommitted else ""
         raise CheckpointError(f"no committed checkpoint in {ckpt_dir} (no tag folder holds {MANIFEST}"
-                              f"{'' if among is None else ' on every node'})")
+                              f"{'' if among is None else ' on every node'}){adopt}")
     tag = committed[-1]
     newer = [t for t in incomplete_tags(ckpt_dir) if tag_step(t) > tag_step(tag)]
     partial = [t for t in committed_tags(ckpt_dir) if tag_step(t) > tag_step(tag)]  # committed here, not everywhere
