@@ -57,7 +57,7 @@ def argv(command: str) -> list[str]:
 def environment(command: str) -> dict[str, str]:
     """The kernel's environment (`DS_ACCELERATOR=cpu` for CPU ranks) with the command's own `NAME=value` words,
     unbuffered output and one CPU share per rank, so torchrun has no thread count of its own to warn about."""
-    ranks = re.search(r"--nproc[_-]per[_-]node[ =](\d+)|--num_gpus[ =](\d+)", command)
+    ranks = re.search(r"--nproc(?:[_-]per[_-]node)?[ =](\d+)|--num_gpus[ =](\d+)", command)  # torchrun, train
     n = int(next(g for g in ranks.groups() if g)) if ranks else 1
     env = dict(os.environ, PYTHONUNBUFFERED="1", **split(command)[0])
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
