@@ -20,7 +20,7 @@ LAYERS = [
     ("saving", ["zckpt_nb.saving"]),
     ("run", ["zckpt_nb.run"]),
     ("entry points", ["zckpt_nb.train", "zckpt_nb.cli", "zckpt_nb.__main__", "zckpt_nb"]),
-    ("course", ["zckpt_nb.course", "zckpt_nb.lessons", "zckpt_nb.ui", "zckpt_nb.examples"]),
+    ("course", ["zckpt_nb.course", "zckpt_nb.examples"]),
 ]
 
 

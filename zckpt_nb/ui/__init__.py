@@ -1,1 +1,0 @@
-"""Figures, tables and ipywidgets panels."""
