@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from zckpt_nb.convert.dcp import to_dcp
-from zckpt_nb.lessons.claims import RESUME_TOLERANCE
-from zckpt_nb.lessons.dcp import tensor_dtypes
 from zckpt_nb.run.launch import RunResult, launch
 
 STEPS, SWITCH = 4, 2  # ZeRO-3 (bf16) to step SWITCH, then the FSDP2 worker on 2 CPU ranks to STEPS
 TAG = f"global_step{SWITCH}"
+BF16_TOLERANCE = 0.05  # a bf16 loss summed in another order (other ranks, FSDP2's reduce-scatter): notebook 10's
+
+
+def tensor_dtypes(dcp_dir: Path) -> set[torch.dtype]:
+    """The dtypes of a DCP checkpoint's weights and Adam moments (its `step` counters left out), read from its
+    `.metadata` alone."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    entries = FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata.items()
+    return {meta.properties.dtype for name, meta in entries if isinstance(meta, TensorStorageMetadata)
+            and name.split(".")[0] in ("model", "optimizer") and not name.endswith(".step")}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +44,7 @@ def test_fsdp2_bf16_continues_the_bf16_zero3_run_and_saves_fp32_masters(legs: di
     base, bf16 = legs["zero3"], legs["bf16"]
     assert bf16.data["dtype"] == "bf16" and bf16.steps == list(range(SWITCH, STEPS)) and bf16.world_size == 2
     gaps = [abs(a - b) for a, b in zip(bf16.losses, base.losses[SWITCH:])]
-    assert max(gaps) < RESUME_TOLERANCE["bf16"], gaps
+    assert max(gaps) < BF16_TOLERANCE, gaps
     assert tensor_dtypes(bf16.output_dir / f"global_step{STEPS}") == {torch.float32}
 
 
