@@ -264,7 +264,7 @@ def cmd_from_dcp(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.dcp import from_dcp
     from zckpt_nb.convert.reshard import describe_conversion
 
-    return checked("from-dcp", lambda: from_dcp(args.dcp_dir, args.out_dir, args.config),
+    return checked("from-dcp", lambda: from_dcp(args.dcp_dir, args.out_dir, args.config, args.step),
                    lambda m: [describe_conversion(m, False, None)])
 
 
@@ -276,11 +276,15 @@ def add_dcp_commands(sub: Any) -> None:
     out.add_argument("out_dir", help="a new or empty folder (or an earlier to-dcp output, replaced)")
     out.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
     out.set_defaults(func=cmd_to_dcp)
-    back = sub.add_parser("from-dcp", help="a DCP checkpoint (to-dcp's or the FSDP2 worker's) back into a ZeRO-3 "
-                                           "checkpoint that train --resume loads on any number of ranks")
+    back = sub.add_parser("from-dcp", help="a DCP checkpoint of a causal LM (to-dcp's, the FSDP2 worker's, a plain "
+                                           "dcp.save of get_state_dict, a torchtitan step folder) into a ZeRO-3 "
+                                           "checkpoint that DeepSpeed loads on any number of ranks")
     back.add_argument("dcp_dir")
     back.add_argument("out_dir", help="a new or empty folder")
     back.add_argument("--config", required=True, help="the model: a preset (tiny, ...), a config.json or a folder")
+    back.add_argument("--step", type=int, default=None,
+                      help="the training step, for a checkpoint that records none (no train_state.step) in a folder "
+                           "whose name gives none (step-100, global_step100, ...)")
     back.set_defaults(func=cmd_from_dcp)
 
 

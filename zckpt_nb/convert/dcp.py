@@ -19,6 +19,9 @@ it is written (`WrittenFile`) and fsynced; DCP's `.metadata` is
 written last, then the package's manifest over every file, then the folder is renamed into place: committed like
 every other checkpoint here. The rank files' SHA-256 is checked against their manifest in a thread meanwhile; the
 output is committed only once every hash matched.
+
+`from_dcp` goes back: a DCP checkpoint of a causal LM, the package's or any `dcp.save` of `get_state_dict` or a
+torchtitan step folder (the layouts: `convert.dcp_layout`), into DeepSpeed's universal layout, staged and committed.
 """
 
 from __future__ import annotations
@@ -30,9 +33,21 @@ import pickle
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.convert.dcp_layout import (
+    Layout,
+    ModelNames,
+    find_layout,
+    global_keys,
+    model_names,
+    param_group,
+    resolve_step,
+    saved_step,
+    source_ranks,
+)
 from zckpt_nb.convert.reshard import ensure_universal, manifest_hash, reusable
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.streaming import meta_model
@@ -41,7 +56,7 @@ from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader, check_fr
 from zckpt_nb.errors import CheckpointError, UsageError, first_line, os_error_in
 from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, staged
-from zckpt_nb.format.layout import DCP_KIND, UNIVERSAL, tag_for, universal_dir
+from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
 from zckpt_nb.format.manifest import FileEntry, Manifest, commit, entries_under, read_manifest
 from zckpt_nb.format.units import counted, secs
 from zckpt_nb.measure import meters
@@ -158,6 +173,7 @@ def dcp_state(source: Source) -> tuple[dict[str, Any], dict[int, tuple[str, str]
              for key in states["module"]}
     optim_state = {name: {**{m: placeholder(name, m) for m in MOMENTS}, "step": step.clone()} for name in trainable}
     client = {k: v for k, v in states.get(CLIENT_KEY, {}).items() if k != "rng"}  # RNG is per rank: not carried
+    client = {"step": states.get("global_steps", 0), **client}  # an adopted save has no client state of ours
     return {"model": model, "optimizer": {"state": optim_state, "param_groups": [{**group, "params": list(trainable)}]},
             "lr_scheduler": dict(states.get("lr_scheduler") or {}), "train_state": client}, sources
 
@@ -522,18 +538,47 @@ def read_dcp(folder: Path, keys: dict[str, Any], no_dist: bool = True) -> dict[s
     return keys
 
 
-def dcp_globals(folder: Path) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
-    """A DCP checkpoint's parameter FQNs (the optimizer's order), its AdamW param group, and everything else that
-    is not a tensor (lr_scheduler.*, train_state.*), read from its metadata."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+@dataclass(frozen=True)
+class DcpSource:
+    """A DCP checkpoint from-dcp reads: where its tensors are (`layout`), for which model (`names`), its param group,
+    its other values (LR scheduler, train state), step, and what vouches for it (its manifest, or none)."""
 
-    meta = dcp_metadata(folder).state_dict_metadata
-    values = read_dcp(folder, {k: None for k, v in meta.items() if isinstance(v, BytesStorageMetadata)})
-    prefix = "optimizer.param_groups.0."
-    group = {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
-    if any(k.startswith("optimizer.param_groups.1.") for k in values):
-        raise CheckpointError(f"{folder} has more than one optimizer parameter group; from-dcp converts one")
-    return group.pop("params"), group, values
+    folder: Path
+    manifest: Manifest | None
+    names: ModelNames
+    layout: Layout
+    group: dict[str, Any]
+    values: dict[str, Any]
+    step: int
+    world_size: int
+
+    def under(self, top: str) -> dict[str, Any]:
+        """The values saved under `top` ("train_state", "lr_scheduler"), by their key below it."""
+        return {k.split(".", 1)[1]: v for k, v in self.values.items() if k.startswith(f"{top}.")}
+
+
+def dcp_manifest(folder: Path) -> Manifest | None:
+    """The package's manifest of a DCP checkpoint, verified as every committed folder is (nothing unlisted, every
+    size and SHA-256); None for a checkpoint it did not write, found by DCP's `.metadata` (dcp.save writes it last)."""
+    if (folder / MANIFEST).is_file():
+        return verify_folder(folder, DCP_KIND)
+    if (folder / ".metadata").is_file():
+        return None
+    inside = sorted(p.parent.name for p in folder.glob("*/.metadata")) if folder.is_dir() else []
+    hint = f" (it holds {', '.join(inside[:3])}: name one)" if inside else ""
+    raise CheckpointError(f"{folder} is not a DCP checkpoint: it has neither DCP's .metadata (dcp.save writes it "
+                          f"last) nor {MANIFEST}; name the folder dcp.save wrote{hint}")
+
+
+def open_dcp(folder: Path, manifest: Manifest | None, names: ModelNames, step: int | None) -> DcpSource:
+    """Find the checkpoint's layout and read its param group, scheduler, train state and step (`--step`: `step`)."""
+    metadata = dcp_metadata(folder)
+    layout = find_layout(folder, metadata.state_dict_metadata, names)
+    values = read_dcp(folder, global_keys(metadata.state_dict_metadata, layout))
+    saved = saved_step(folder, values)
+    step = resolve_step(folder, manifest.step if saved is None and manifest else saved, step)
+    world = manifest.source_world_size if manifest and manifest.source_world_size else source_ranks(metadata)
+    return DcpSource(folder, manifest, names, layout, param_group(folder, values, layout, names), values, step, world)
 
 
 def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
@@ -548,22 +593,22 @@ def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
     return groups
 
 
-def write_params(folder: Path, zero: Path, params: dict[str, tuple[int, ...]], names: list[str]) -> list[Any]:
+def write_params(source: DcpSource, zero: Path, names: list[str]) -> list[Any]:
     """Parameters `names`' fp32 weights and both moments, read from the DCP checkpoint in one dcp.load, into
-    zero/<name>/ (flat, as ds_to_universal writes them); returns their steps."""
+    zero/<name>/ (flat, as ds_to_universal writes them); returns their Adam steps."""
     import torch
 
     keys: dict[str, Any] = {}
+    at, shapes = source.layout, source.names.params
     for name in names:
-        optim = f"optimizer.state.{name}"
-        keys |= {f"model.{name}": torch.empty(params[name]), f"{optim}.step": torch.zeros(()),
-                 **{f"{optim}.{m}": torch.empty(params[name]) for m in MOMENTS}}
-    got = read_dcp(folder, keys)
+        keys |= {at.weight(name): torch.empty(shapes[name]), at.state(name, "step"): torch.zeros(()),
+                 **{at.state(name, m): torch.empty(shapes[name]) for m in MOMENTS}}
+    got = read_dcp(source.folder, keys)
     for name in names:
         (zero / name).mkdir(parents=True)
-        for kind, key in ((WEIGHTS, f"model.{name}"), *((m, f"optimizer.state.{name}.{m}") for m in MOMENTS)):
+        for kind, key in ((WEIGHTS, at.weight(name)), *((m, at.state(name, m)) for m in MOMENTS)):
             save(got.pop(key).flatten(), zero / name / f"{kind}.pt")  # popped: freed once written
-    return [got[f"optimizer.state.{name}.step"] for name in names]
+    return [got[at.state(name, "step")] for name in names]
 
 
 def save(obj: Any, path: Path) -> None:
@@ -575,69 +620,71 @@ def save(obj: Any, path: Path) -> None:
         torch.save(obj, f)
 
 
-def tied_names(config: str) -> dict[str, str]:
-    """Each tied weight's other names -> its first name, from the model `config` builds on the meta device."""
-    model, first = meta_model(model_config(config)), {}
-    return {name: first.setdefault(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)
-            if first.setdefault(id(p), name) != name}
-
-
-def zero_states(params: dict[str, Any], ties: dict[str, str], values: dict[str, Any], world: int) -> dict[str, Any]:
-    """The model-states file DeepSpeed's universal load reads (rank 0's): names, shapes, ties, scheduler, client."""
+def zero_states(source: DcpSource) -> dict[str, Any]:
+    """The model-states file DeepSpeed's universal load reads (rank 0's): names, shapes, ties, scheduler, client
+    state (the package's train state, with the step); global_samples only where the global batch is known."""
     from collections import OrderedDict
 
     import deepspeed
     import torch
 
-    train = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("train_state.")}
-    scheduler = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("lr_scheduler.")}
-    names = [*params, *ties]
-    return {"module": OrderedDict((n, torch.empty(0)) for n in names), "buffer_names": [], "optimizer": None,
-            "param_shapes": [OrderedDict((n, torch.Size(s)) for n, s in params.items())],
+    params, ties = source.names.params, source.names.ties
+    train = {**source.under("train_state"), "step": source.step}
+    samples = {"global_samples": source.step * train["global_batch"]} if train.get("global_batch") else {}
+    return {"module": OrderedDict((n, torch.empty(0)) for n in [*params, *ties]), "buffer_names": [],
+            "optimizer": None, "param_shapes": [OrderedDict((n, torch.Size(s)) for n, s in params.items())],
             "frozen_param_shapes": OrderedDict(), "shared_params": ties, "frozen_param_fragments": OrderedDict(),
-            "lr_scheduler": scheduler, "data_sampler": None, "random_ltd": None, "skipped_steps": 0,
-            "global_steps": train["step"], "global_samples": train["step"] * train["global_batch"],
-            "dp_world_size": world, "mp_world_size": 1, "ds_version": deepspeed.__version__,
-            CLIENT_KEY: train}
+            "lr_scheduler": source.under("lr_scheduler"), "data_sampler": None, "random_ltd": None,
+            "skipped_steps": 0, "global_steps": source.step, **samples, "dp_world_size": source.world_size,
+            "mp_world_size": 1, "ds_version": deepspeed.__version__, CLIENT_KEY: train}
 
 
-def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str) -> Manifest:
-    """Convert a committed DCP checkpoint (to-dcp's or the FSDP2 worker's) into a ZeRO-3 checkpoint folder
-    `out_dir` whose universal copy `train --resume` loads on any number of ranks; returns the universal manifest."""
+def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str, step: int | None = None) -> Manifest:
+    """Convert a DCP checkpoint of a causal LM (to-dcp's, the FSDP2 worker's, or any `dcp.save` of `get_state_dict`
+    or torchtitan's step folder) into a ZeRO-3 checkpoint folder `out_dir` whose universal copy DeepSpeed loads on any
+    number of ranks; `step` where the checkpoint records none. Returns the universal manifest."""
     folder, out = Path(dcp_dir), Path(out_dir).absolute()
-    source = verify_folder(folder, DCP_KIND)
+    manifest = dcp_manifest(folder)
     check_output(out)
-    ties, hf_config = tied_names(config), model_config(config)  # a bad --config: now
+    hf_config = model_config(config)  # a bad --config: now
+    source = open_dcp(folder, manifest, model_names(meta_model(hf_config)), step)
     with staged(out) as tmp:
-        tag = write_zero(folder, tmp, source, ties, hf_config)
+        tag = write_zero(tmp, source, hf_config)
     return read_manifest(universal_dir(out, tag))
 
 
-def write_zero(folder: Path, out: Path, source: Manifest, ties: dict[str, str], hf_config: Any) -> str:
-    """Write the DCP checkpoint `folder` into `out` as a ZeRO-3 checkpoint folder of one universal copy; its tag."""
+def one_step(source: DcpSource, steps: list[Any]) -> Any:
+    """Adam's step, the same for every parameter (DeepSpeed keeps one per group), or CheckpointError."""
+    found = sorted({int(s) for s in steps})
+    if len(found) > 1:
+        raise CheckpointError(f"{source.folder}: Adam's step differs between parameters ({found}); DeepSpeed keeps "
+                              "one step per parameter group")
+    return steps[0]
 
+
+def write_zero(out: Path, source: DcpSource, hf_config: Any) -> str:
+    """Write the DCP checkpoint `source` into `out` as a ZeRO-3 checkpoint folder of one universal copy; its tag."""
     start = time.perf_counter()
-    names, group, values = dcp_globals(folder)
-    meta = dcp_metadata(folder).state_dict_metadata
-    params = {n: tuple(meta[f"model.{n}"].size) for n in names}
-    tag, train = tag_for(source.step), {k: v for k, v in values.items() if k.startswith("train_state.")}
-    uni = universal_dir(out, tag)
+    tag, params, group = tag_for(source.step), source.names.params, source.group
+    uni, known = universal_dir(out, tag), source.manifest
     with large_frees_returned(), no_zip_crc():
-        steps = [s for names in param_batches(params) for s in write_params(folder, uni / "zero", params, names)]
-    save({"optimizer_state_dict": {"state": {0: {"step": steps[0]}}, "param_groups": [{**group, "params": [0]}]},
+        steps = [s for names in param_batches(params) for s in write_params(source, uni / "zero", names)]
+    save({"optimizer_state_dict": {"state": {0: {"step": one_step(source, steps)}},
+                                   "param_groups": [{**group, "params": [0]}]},
           "param_groups": [{**group, "params": [0]}]}, uni / "zero" / "optimizer_state.pt")
-    states = zero_states(params, ties, values, source.source_world_size)
-    save(states, uni / "zero_pp_rank_0_mp_rank_00_model_states.pt")
-    identity = {"model": (source.identity or {}).get("model"), "num_params": sum(
-        math.prod(s) for s in params.values()), "global_batch": train["train_state.global_batch"]}
+    save(zero_states(source), uni / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    count = {"num_params": sum(math.prod(s) for s in params.values())}
+    identity = {"model": (known.identity or {}).get("model"), **count, "global_batch": source.under(
+        "train_state").get("global_batch")} if known else {"model_type": hf_config.model_type, **count}
     atomic_write(out / "config.json", hf_config.to_json_string())
     (out / tag).mkdir()
-    commit(out / tag, Manifest(tag, source.step, [], world_size=0, identity=identity, from_dcp=str(folder)))
+    commit(out / tag, Manifest(tag, source.step, [], world_size=0, identity=identity, from_dcp=str(source.folder)))
     files = entries_under(uni)  # no rank files in the tag: DeepSpeed loads the universal copy
+    source_bytes = known.total_bytes() if known else sum(p.stat().st_size for p in source.folder.iterdir())
     cost = {"seconds": time.perf_counter() - start, "peak_rss_bytes": meters.rss_high_water() or 0,
-            "bytes": sum(e.bytes for e in files), "source_bytes": source.total_bytes()}
+            "bytes": sum(e.bytes for e in files), "source_bytes": source_bytes}
     commit(uni, Manifest(tag, source.step, files, kind=UNIVERSAL, identity=identity,
-                         source_world_size=source.source_world_size, source_manifest_sha256=manifest_hash(out, tag),
+                         source_world_size=source.world_size, source_manifest_sha256=manifest_hash(out, tag),
                          conversion=cost))
     atomic_write(out / "latest", tag)
     return tag
