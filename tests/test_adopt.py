@@ -163,9 +163,25 @@ def test_a_trainer_checkpoint_is_adopted_exported_exactly_and_resharded(trainer_
     assert cli("generate", hf, "--token_ids", 1, 2, "--max_new_tokens", 3).returncode == 0
 
 
-def test_trainer_save_model_writes_weights_only_with_the_16bit_gather(trainer_run, tmp_path):
-    from zckpt_nb.lessons.own_model import saved_model
+def saved_model(run_dir, tag) -> dict:
+    """What `Trainer.save_model` wrote into `run_dir/final`: its files, and when it wrote weights, their dtype and
+    their largest difference from DeepSpeed's fp32 masters of the last checkpoint rounded to that dtype."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
 
+    final, ckpt = run_dir / "final", next(run_dir.glob("checkpoint-*"))
+    found = {"files": sorted(p.name for p in final.iterdir()), "dtype": None, "difference": None}
+    weights = {k: v for path in sorted(final.glob("*.safetensors")) for k, v in load_file(path).items()}
+    if weights:
+        masters = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag)
+        dtype = next(iter(weights.values())).dtype
+        found["dtype"] = str(dtype).removeprefix("torch.")
+        found["difference"] = max(float((w.float() - masters[k].detach().to(dtype).float()).abs().max())
+                                  for k, w in weights.items())
+    return found
+
+
+def test_trainer_save_model_writes_weights_only_with_the_16bit_gather(trainer_run, tmp_path):
     without = saved_model(trainer_run, TAG)
     assert TAG in without["files"] and without["dtype"] is None  # a partitioned save, no whole weights
     gathered = tmp_path / "gathered"
