@@ -38,6 +38,11 @@ def probe_dir(root: str | Path, model: str, dtype: str, threshold: int, n: int) 
     return Path(root) / f"{model}_{dtype}_t{threshold}_n{n}"
 
 
+def listed(sizes) -> str:
+    """World sizes as a reader writes them: `2`, or `1, 3`."""
+    return ", ".join(map(str, sorted(sizes))) or "none"
+
+
 def timings(folder: Path, n: int) -> Records | None:
     """Every rank's records in `folder`, or None while any rank's file is missing."""
     files = [folder / f"timings_rank{rank}.json" for rank in range(n)]
@@ -135,14 +140,14 @@ class StallPanel:
         try:
             for n in self.pending():
                 self.measure(n)
-            message = f"timings for {self.model.value}, N = {sorted(self.sizes.value)}"
+            message = f"timings for {self.model.value}, N = {listed(self.sizes.value)}"
         except Exception as e:  # one line in the panel; what was measured before stays on disk
             message = f"<b>failed:</b> {str(e).splitlines()[0]}"
         finally:  # the status says done only once the chart and the table show it
             self.refresh()
             self.set_running(False)
             if self._stop.is_set():
-                message = f"<b>stopped</b>: every rank was killed; kept N = {sorted(self.shown)}"
+                message = f"<b>stopped</b>: every rank was killed; kept N = {listed(self.shown)}"
             self.status.value = message
 
     def measure(self, n: int) -> None:
@@ -178,7 +183,7 @@ class StallPanel:
         """Redraw the chart and the table from the timings on disk for the selected world sizes."""
         modes = list(self.modes.value)
         self.shown = {n: found for n in sorted(self.sizes.value) if (found := self.measured(n)) is not None}
-        title = f"Stalls of {self.model.value} in {self.dtype}, N = {sorted(self.sizes.value)}"
+        title = f"Stalls of {self.model.value} in {self.dtype}, N = {listed(self.sizes.value)}"
         self.title.value = f"<h3>{title}</h3>" if self.shown else f"<h3>{title}: nothing measured yet</h3>"
         if not self.shown:
             self.chart.value, self.table.value = b"", ""
