@@ -174,13 +174,6 @@ def world_sizes(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-def check_writable_dir(path: str) -> None:
-    """One clear line when the output folder cannot be written (before anything runs)."""
-    from zckpt_nb.format.disk import check_writable
-
-    check_writable(Path(path).resolve())
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.export import export
 
