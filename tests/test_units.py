@@ -144,3 +144,14 @@ def test_launch_refuses_an_unknown_option_or_a_bad_choice_before_anything_starts
     with pytest.raises(UsageError, match="global_batch=None: expected a value of type int"):
         launch(2, 5, tmp_path / "c", global_batch=None)
     assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_a_file_removed_after_it_was_listed_is_left_out_of_the_sizes(tmp_path):
+    """A failed save's files are deleted by the rank that cleans up while another rank may still count them."""
+    from zckpt_nb.format.layout import rank_files, sizes_of
+
+    (tmp_path / "global_step8").mkdir()
+    kept = tmp_path / "global_step8" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    kept.write_bytes(b"12345")
+    assert sizes_of([kept, tmp_path / "global_step8" / "zero_pp_rank_1_mp_rank_00_model_states.pt"]) == {kept: 5}
+    assert rank_files(tmp_path, "global_step8", 1) == [{"path": str(kept.relative_to(tmp_path)), "bytes": 5}]

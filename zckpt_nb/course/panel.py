@@ -15,7 +15,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ def probe_dir(root: str | Path, model: str, dtype: str, threshold: int, n: int) 
     return Path(root) / f"{model}_{dtype}_t{threshold}_n{n}"
 
 
-def listed(sizes) -> str:
+def listed(sizes: Iterable[int]) -> str:
     """World sizes as a reader writes them: `2`, or `1, 3`."""
     return ", ".join(map(str, sorted(sizes))) or "none"
 

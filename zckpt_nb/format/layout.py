@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,18 @@ def writes_folder(node_local: bool) -> bool:
     return int(os.environ.get("LOCAL_RANK" if node_local else "RANK", 0)) == 0
 
 
+def sizes_of(paths: Iterable[str | Path]) -> dict[Path, int]:
+    """Each file's size in bytes, leaving out any removed since it was listed: a failed save's files, which the rank
+    that cleans up deletes while another rank may still be counting them."""
+    found = {}
+    for path in paths:
+        try:
+            found[Path(path)] = os.stat(path).st_size
+        except FileNotFoundError:
+            continue
+    return found
+
+
 def rank_files(output_dir: str | Path, tag: str, rank: int, committed: bool = False) -> list[dict[str, Any]]:
     """The files rank `rank` wrote for checkpoint `tag`, with their sizes in bytes, read from disk; `committed`
     adds the manifest rank 0 wrote last, where there is one."""
@@ -120,4 +133,4 @@ def rank_files(output_dir: str | Path, tag: str, rank: int, committed: bool = Fa
         shared = ("latest", "zero_to_fp32.py", "zero_to_torch.py", *SHARED_FILES)
         paths += [root / name for name in shared if (root / name).is_file()]
         paths += [root / tag / MANIFEST] if committed and (root / tag / MANIFEST).is_file() else []
-    return [{"path": str(p.relative_to(root)), "bytes": p.stat().st_size} for p in paths]
+    return [{"path": str(p.relative_to(root)), "bytes": size} for p, size in sizes_of(paths).items()]

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.format.layout import sizes_of
 from zckpt_nb.format.records import SaveCost
 
 PEAKS_BEFORE_RESETS = {"host": 0, "cuda": 0}  # the run-wide peaks seen before a save reset the counters
@@ -211,15 +212,15 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
         save()
         seconds = time.perf_counter() - start
     ops = comm_delta(before, comm_counts())
-    paths = sorted(set(written()))
+    sizes = sizes_of(sorted(set(written())))  # a failed save's files may be removed meanwhile
     return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(host.peak_rss),
                     extra_peak_bytes=int(host.peak_rss - host.baseline_rss),
-                    bytes_written=sum(p.stat().st_size for p in paths),
+                    bytes_written=sum(sizes.values()),
                     comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
                     heap_extra_peak_bytes=host.heap_extra, cuda_peak_bytes=int(gpu.peak) if on_gpu else None,
                     cuda_extra_peak_bytes=int(gpu.peak - gpu.baseline) if on_gpu else None,
                     pinned_host_bytes=pinned_host_bytes() if on_gpu else None,
-                    bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in paths],
+                    bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in sizes],
                     protocol_comm_ops=OBJECT_COLLECTIVES["ops"] - objects["ops"],
                     protocol_comm_bytes=OBJECT_COLLECTIVES["bytes"] - objects["bytes"])
 
