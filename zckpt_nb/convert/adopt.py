@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.inspect import excludes_frozen, shard_paths
+from zckpt_nb.convert.inspect import excludes_frozen, frozen_numel, shard_paths
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import unlisted, verify_tag
 from zckpt_nb.errors import CheckpointError
@@ -66,7 +66,7 @@ def read_facts(tag_dir: Path, files: dict[int, dict[str, Path]]) -> dict[str, An
     dtype = "bf16" if (optim and optim.name.startswith("bf16_")) or config.get("bf16", {}).get("enabled") else \
         "fp16" if config.get("fp16", {}).get("enabled") else "fp32"
     trained = sum(s.numel() for group in states.get("param_shapes", []) for s in group.values())
-    frozen = sum(s.numel() for s in (states.get("frozen_param_shapes") or {}).values())
+    frozen = frozen_numel(states)
     return {"deepspeed_version": states.get("ds_version"), "world_size": int(states["dp_world_size"]),
             "step": int(states.get("global_steps", 0)), "dtype": dtype, "num_params": trained + frozen,
             "frozen_params": frozen, "frozen_excluded": excludes_frozen(states)}

@@ -56,6 +56,11 @@ def excludes_frozen(states: dict[str, Any]) -> bool:
     return "frozen_param_shapes" in states and states["frozen_param_shapes"] is None
 
 
+def frozen_numel(states: dict[str, Any]) -> int:
+    """Elements of the frozen parameters a ZeRO-3 model-states file records (none when it excluded them)."""
+    return sum(s.numel() for s in (states.get("frozen_param_shapes") or {}).values())
+
+
 def shard_paths(tag_dir: Path, names: list[str] | None = None) -> dict[int, dict[str, Path]]:
     """Map rank -> {'model': path, 'optim': path} for the rank files `names` (default: every one in the folder);
     CheckpointError where two files claim one rank's model or optimizer states."""
@@ -123,7 +128,7 @@ def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> Checkpoi
         raise FileNotFoundError(f"{ckpt_dir / tag} holds no model states of rank 0: not a ZeRO checkpoint")
     states = load(files[0]["model"], mmap=True)
     numels = [s.numel() for group in states["param_shapes"] for s in group.values()]
-    frozen = sum(s.numel() for s in (states.get("frozen_param_shapes") or {}).values())
+    frozen = frozen_numel(states)
     return CheckpointInfo(str(ckpt_dir), tag, len(files), sum(numels), len(numels),
                           [read_shard(r, p) for r, p in sorted(files.items())], status, frozen, excludes_frozen(states))
 
