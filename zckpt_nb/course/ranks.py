@@ -1,5 +1,5 @@
 """Where a notebook's jobs run: GPU ranks when the lesson's world sizes fit this machine's GPUs, else CPU ranks,
-the same for every launch of the notebook, said in one sentence."""
+the same for every launch of the notebook."""
 
 from __future__ import annotations
 
@@ -38,28 +38,15 @@ def lesson_placement(world_sizes: list[int], accelerator: str, gpus: int) -> Pla
     return choose_world(largest, accelerator, gpus, exact=True)
 
 
-def use_lesson_ranks(world_sizes: list[int], cpu_only: str = "") -> str:
-    """Put this notebook's launches where `lesson_placement` says, or on CPU ranks whatever the GPUs when `cpu_only`
-    says why (scripts that join gloo on CPU), and say so in one sentence.
-
-    CPU ranks are chosen for the whole kernel by `DS_ACCELERATOR=cpu`, which `gpu_count`, and so every launch, reads.
-    """
+def use_lesson_ranks(world_sizes: list[int], cpu_only: bool = False) -> str:
+    """The accelerator of this notebook's launches: "cuda" if its largest world size fits this machine's GPUs and
+    not `cpu_only`, else "cpu", which it sets for the whole kernel (DS_ACCELERATOR=cpu, read by every launch)."""
     accelerator, gpus = machine()
-    where = lesson_placement(world_sizes, accelerator, gpus)
-    named = [str(n) for n in sorted(set(world_sizes))]
-    sizes = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
-    if where.accelerator == "cuda" and not cpu_only:
-        ranks = "rank" if named == ["1"] else "ranks"
-        return f"Every launch runs GPU ranks, one per GPU (NCCL): {sizes} {ranks}, of the {counted(gpus, 'GPU')} here."
+    if lesson_placement(world_sizes, accelerator, gpus).accelerator == "cuda" and not cpu_only:
+        return "cuda"
     os.environ["DS_ACCELERATOR"] = "cpu"
-    if cpu_only:
-        idle = f"the {counted(gpus, 'GPU')} here stay idle" if gpus else "there is no GPU here either"
-        why = f"{cpu_only}; {idle}"
-    elif gpus:
-        why = f"{max(world_sizes)} ranks do not fit the {counted(gpus, 'GPU')} here (NCCL needs one GPU per rank)"
-    else:
-        why = "there is no GPU here"
-    return f"Every launch runs CPU ranks (DS_ACCELERATOR=cpu, gloo), {sizes} of them per job: {why}."
+    return "cpu"
+
 
 def lesson_dtype(dtype: str) -> str:
     """The training dtype a notebook's `DTYPE` means here: "auto" is bf16 on GPU ranks, fp32 on CPU ranks (the
