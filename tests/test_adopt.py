@@ -7,9 +7,11 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from zckpt_nb.convert.adopt import ACCELERATE_FILE
 from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.layout import MANIFEST
 from zckpt_nb.run.launch import launch_module
@@ -190,3 +192,60 @@ def test_trainer_save_model_writes_weights_only_with_the_16bit_gather(trainer_ru
     with_gather = saved_model(gathered, TAG)
     assert "model.safetensors" in with_gather["files"] and TAG not in with_gather["files"]
     assert with_gather["dtype"] == "bfloat16" and with_gather["difference"] == 0.0  # the masters, rounded to bf16
+
+
+def test_adopt_records_accelerates_files_beside_the_tag_hashed_never_unpickled(foreign, tmp_path):
+    _, _, pristine = foreign
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pristine, ckpt)
+    for name in ("random_states_0.pkl", "random_states_1.pkl", "scheduler.bin", "custom_checkpoint_0.pkl"):
+        (ckpt / name).write_bytes(b"not a pickle: adopt and verify only hash it " + name.encode())
+    (ckpt / "notes.txt").write_text("a file of the user's, not accelerate's")
+    done = cli("adopt", ckpt)
+    assert done.returncode == 0 and "4 files of accelerate's beside it" in done.stdout, done.stderr
+    shared = {e["path"]: e.get("rank") for e in json.loads((ckpt / TAG / MANIFEST).read_text())["shared"]}
+    assert shared == {"config.json": 0, "random_states_0.pkl": 0, "random_states_1.pkl": 1, "scheduler.bin": 0,
+                      "custom_checkpoint_0.pkl": 0}
+    (ckpt / "scheduler.bin").write_bytes(b"X" + (ckpt / "scheduler.bin").read_bytes()[1:])  # one byte changed
+    refused = cli("verify", ckpt)
+    assert refused.returncode == 1 and "scheduler.bin does not match its SHA-256" in refused.stderr
+
+    partial = tmp_path / "partial"
+    shutil.copytree(pristine, partial)
+    (partial / "random_states_0.pkl").write_bytes(b"rank 0 only")
+    done = cli("adopt", partial)
+    assert done.returncode == 1 and "RNG states (random_states_R.pkl) are there for rank 0, while" in done.stderr
+    assert not (partial / TAG / MANIFEST).exists()
+
+
+def accelerate_script(folder) -> Path:
+    """Notebook 08's accelerate loop (its `%%writefile` cell), written into `folder`."""
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "08_your_own_model.ipynb"
+    cells = json.loads(notebook.read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("%%writefile")
+                  and "accelerate_loop.py" in "".join(c["source"]).splitlines()[0])
+    script = folder / "accelerate_loop.py"
+    script.write_text(source.split("\n", 1)[1])
+    return script
+
+
+def test_a_real_accelerate_save_state_is_adopted_with_its_files_and_a_changed_byte_refused(tmp_path):
+    from zckpt_nb.course.runs import run
+
+    out, script = tmp_path / "acc", accelerate_script(tmp_path)
+    run(f"torchrun --standalone --nproc_per_node 2 {script} {out} --steps 2 --save_at 2", timeout=300, echo=False)
+    written = {p.name for p in out.iterdir() if p.is_file()}
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= written, written
+    assert cli("adopt", out).returncode == 0
+    shared = {e["path"]: e for e in json.loads((out / "pytorch_model" / MANIFEST).read_text())["shared"]}
+    extras = sorted(name for name in written if ACCELERATE_FILE.fullmatch(name))
+    assert extras and all(name in shared for name in extras)  # every accelerate file save_state wrote
+    assert (shared["random_states_1.pkl"]["rank"], shared["random_states_1.pkl"]["bytes"]) == (
+        1, (out / "random_states_1.pkl").stat().st_size)
+    assert cli("verify", out).returncode == 0
+    rng = out / "random_states_1.pkl"
+    data = bytearray(rng.read_bytes())
+    data[len(data) // 2] ^= 1
+    rng.write_bytes(bytes(data))
+    refused = cli("verify", out)
+    assert refused.returncode == 1 and "random_states_1.pkl does not match its SHA-256" in refused.stderr

@@ -8,10 +8,16 @@ every file agrees on the world size and the ZeRO stage is 3. Then each file is f
 written last, as the commit protocol writes one, recording under `adopted` what the files say of themselves
 (DeepSpeed's version, the world size, the dtype, the step). An incomplete checkpoint is refused naming what is
 missing, and nothing is written.
+
+accelerate's `save_state` with a DeepSpeed plugin writes its own files beside the tag folder (each rank's RNG states,
+and the main process's scheduler, sampler, dataloader and custom states): `adopt` lists them under the manifest's
+`shared` with their size and SHA-256, so `verify` checks them like the rest. They are pickles: they are only hashed,
+never unpickled, here or in `verify`.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +27,16 @@ from zckpt_nb.convert.verify import unlisted, verify_tag
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import read_json
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_name
-from zckpt_nb.format.manifest import Manifest, commit, file_entry, shared_entries
+from zckpt_nb.format.manifest import FileEntry, Manifest, commit, file_entry, shared_entries
 from zckpt_nb.format.units import counted
 
 ZERO_3 = 3  # DeepSpeed's ZeroStageEnum.weights
+# What accelerate's save_state writes beside DeepSpeed's tag folder (accelerate.checkpointing.save_accelerator_state
+# and save_custom_state; names from accelerate.utils.constants): random_states_<process>.pkl on every process;
+# scheduler.bin / scheduler_<i>.bin (a scheduler DeepSpeed does not own), sampler[_<i>].bin, dl_state_dict[_<i>].bin,
+# scaler.pt and custom_checkpoint_<i>.pkl from the main process.
+ACCELERATE_FILE = re.compile(r"random_states_(\d+)\.pkl|(?:scheduler|sampler|dl_state_dict)(?:_\d+)?\.bin|scaler\.pt"
+                             r"|custom_checkpoint_\d+\.pkl")
 
 
 def locate(path: str | Path, tag: str | None) -> tuple[Path, str]:
@@ -72,6 +84,26 @@ def read_facts(tag_dir: Path, files: dict[int, dict[str, Path]]) -> dict[str, An
             "frozen_params": frozen, "frozen_excluded": excludes_frozen(states)}
 
 
+def accelerate_entries(ckpt_dir: Path, world: int) -> list[FileEntry]:
+    """An entry (size, SHA-256; read as bytes, never unpickled) for each of accelerate's files beside the tag folder,
+    its RNG states under the rank that wrote them; refused if they cover other ranks than the checkpoint's."""
+    found = {}
+    for path in sorted(ckpt_dir.iterdir()):
+        match = ACCELERATE_FILE.fullmatch(path.name)
+        if match and (path.is_symlink() or not path.is_file()):
+            raise CheckpointError(f"{path} is not a plain file (a link or a folder): adopt records only accelerate's "
+                                  "files themselves; replace it by the file, then adopt")
+        if match:
+            found[path] = int(match[1]) if match[1] else 0
+    ranks = sorted(rank for path, rank in found.items() if path.name.startswith("random_states_"))
+    if ranks and ranks != list(range(world)):
+        raise CheckpointError(f"{ckpt_dir} is incomplete, so it was not adopted: accelerate's RNG states "
+                              f"(random_states_R.pkl) are there for rank {', '.join(map(str, ranks))}, while the "
+                              f"checkpoint's {world} ranks are 0 to {world - 1} (a save that did not finish on "
+                              "every rank, or processes that disagreed on their rank)")
+    return [file_entry(path, ckpt_dir, rank=rank) for path, rank in found.items()]
+
+
 def check_rank_files(tag_dir: Path, files: dict[int, dict[str, Path]], world: int) -> None:
     """Every file unpickled weights-only; every optimizer file a ZeRO-3 partition of `world` ranks."""
     for _rank, kinds in sorted(files.items()):
@@ -110,13 +142,15 @@ def adopt(path: str | Path, tag: str | None = None) -> Manifest:
         raise CheckpointError(f"{tag_dir} is incomplete, so it was not adopted: {', '.join(gaps)} missing "
                               f"(rank 0's model states record {facts['world_size']} ranks)")
     check_rank_files(tag_dir, files, facts["world_size"])
-    commit_adopted(ckpt_dir, tag, files, facts)
+    extras = accelerate_entries(ckpt_dir, facts["world_size"])
+    commit_adopted(ckpt_dir, tag, files, facts, extras)
     return verify_tag(ckpt_dir, tag)
 
 
-def commit_adopted(ckpt_dir: Path, tag: str, files: dict[int, dict[str, Path]], facts: dict[str, Any]) -> None:
+def commit_adopted(ckpt_dir: Path, tag: str, files: dict[int, dict[str, Path]], facts: dict[str, Any],
+                   extras: list[FileEntry]) -> None:
     """Every file hashed, then committed (`format.manifest.commit`: fsynced, as DeepSpeed never does, then the
-    manifest written last)."""
+    manifest written last); `extras` (accelerate's files beside the tag) listed under `shared` with the rest."""
     tag_dir = ckpt_dir / tag
     entries = [file_entry(path, tag_dir, rank=rank) for rank, kinds in sorted(files.items())
                for path in sorted(kinds.values())]
@@ -124,7 +158,7 @@ def commit_adopted(ckpt_dir: Path, tag: str, files: dict[int, dict[str, Path]], 
     kind = config.get("model_type") if isinstance(config, dict) else None
     identity = {"num_params": facts["num_params"], **({"model_type": kind} if isinstance(kind, str) else {})}
     commit(tag_dir, Manifest(tag, facts["step"], entries, world_size=facts["world_size"], identity=identity,
-                             shared=shared_entries(ckpt_dir), adopted=facts))
+                             shared=shared_entries(ckpt_dir) + extras, adopted=facts))
 
 
 def describe_adoption(manifest: Manifest) -> str:
@@ -138,4 +172,10 @@ def describe_adoption(manifest: Manifest) -> str:
         f" ({frozen:,} of them frozen)" if frozen else ""
     return (f"adopted {manifest.tag}: {kind}, {facts['num_params']:,} parameters{held}, {facts['dtype']}, step "
             f"{facts['step']}, saved by {counted(facts['world_size'], 'rank')} with DeepSpeed "
-            f"{facts['deepspeed_version']}; verify, inspect, export and reshard now read it")
+            f"{facts['deepspeed_version']}{accelerate_note(manifest)}; verify, inspect, export and reshard now read it")
+
+
+def accelerate_note(manifest: Manifest) -> str:
+    """', with N of accelerate's files beside it' when the manifest lists any."""
+    extras = [e.path for e in manifest.shared if ACCELERATE_FILE.fullmatch(e.path)]
+    return f", with {counted(len(extras), 'file')} of accelerate's beside it ({', '.join(extras)})" if extras else ""
