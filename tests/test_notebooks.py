@@ -300,13 +300,14 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
 def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 10's checks held, and its runs' files say the same: each leg's losses and learning rates against the
-    uninterrupted run's, what each DCP folder's `.metadata` lists, and what the loading script found."""
+    uninterrupted run's, what each DCP folder's `.metadata` lists, what the loading script found on its ranks, and
+    from-dcp's files against the FSDP2 save they came from."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     get = {**parameter_defaults(BY_PREFIX["10"]), **parameters}.get
     switch, dtype, held = get("SWITCH_STEP"), lesson_dtype(get("DTYPE")), passed_checks(nb)
-    assert len(held) == 15, held
+    assert len(held) == 19, held
     base, fsdp, back = (RunResult.from_dir(runs / name, [], 0.0) for name in ("zero3", "fsdp", "back"))
     assert (base.world_size, fsdp.world_size, back.world_size) == (get("SOURCE_NPROC"), get("FSDP_NPROC"),
                                                                    get("BACK_NPROC"))
@@ -333,7 +334,29 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     loaded = [json.loads(line) for line in (runs / "load_dcp.log").read_text().splitlines() if line.startswith("{")]
     assert [r["model + optimizer"] == "loaded" for r in loaded] == [True, False]  # to-dcp's, then the weights only
     assert all(r["equal"] == r["compared"] for r in loaded) and loaded[0]["adam steps"] == [switch]
-    assert f"✓ its AdamW continues at step {switch}, with moments that are not zero" in held
+    assert all(len(r["elements per rank"]) == get("FSDP_NPROC") and sum(r["elements per rank"]) == base.num_params
+               for r in loaded)  # each rank held its shard alone
+    assert (f"✓ its AdamW has taken {switch} steps (Adam's step {switch}), with moments that are not zero: its next "
+            f"step is {switch + 1}") in held
+
+    import torch.distributed.checkpoint as dcp
+
+    saved = runs / "fsdp" / tag_for(2 * switch)  # FSDP2's save, against what from-dcp made of it
+    meta = FileSystemReader(str(saved)).read_metadata().state_dict_metadata
+    whole = {n: torch.empty(m.size, dtype=m.properties.dtype) for n, m in meta.items()
+             if isinstance(m, TensorStorageMetadata)}
+    dcp.load(whole, checkpoint_id=saved, no_dist=True)
+    zero = runs / "back" / "universal" / tag_for(2 * switch) / "zero"
+    params = sorted(p.name for p in zero.iterdir() if p.is_dir())
+    assert params == sorted({n.removeprefix("optimizer.state.").rsplit(".", 1)[0] for n in whole
+                             if n.startswith("optimizer.state.")})
+    for p in params:
+        for kind, key in (("fp32", f"model.{p}"), ("exp_avg", f"optimizer.state.{p}.exp_avg"),
+                          ("exp_avg_sq", f"optimizer.state.{p}.exp_avg_sq")):
+            assert torch.equal(torch.load(zero / p / f"{kind}.pt", weights_only=True), whole[key].flatten()), (p, kind)
+    state = torch.load(zero / "optimizer_state.pt", weights_only=True)["optimizer_state_dict"]["state"][0]
+    assert int(state["step"]) == 2 * switch == back.data["resumed_from_step"]
+    assert "✓ each one's fp32 weights and both Adam moments equal FSDP2's save, bit for bit" in held
 
 
 CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05, "06": check_06,
