@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from zckpt_nb.convert.dcp import RANK_FILES, UNIVERSAL_COPY, WrittenFile, to_dcp
+from zckpt_nb.convert.dcp import RANK_FILES, UNIVERSAL_COPY, to_dcp
 from zckpt_nb.convert.reshard import ensure_universal
 from zckpt_nb.convert.verify import verify_folder
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import DCP_KIND, universal_dir
 from zckpt_nb.format.manifest import sha256_file
+from zckpt_nb.format.writer import DirectFile
 from zckpt_nb.run.launch import RunResult, launch, launch_module
 
 STEPS, SWITCH = 60, 20  # the uninterrupted run saves every SWITCH steps; each leg trains SWITCH steps
@@ -157,14 +158,14 @@ def test_to_dcp_refuses_a_corrupted_rank_file_and_commits_nothing(zero_run: RunR
 
 
 @pytest.mark.fast
-def test_written_file_hashes_what_it_wrote(tmp_path: Path) -> None:
-    stream, chunks = WrittenFile(tmp_path / "f"), [os.urandom(50_000) for _ in range(4)]
+def test_dcp_stream_hashes_what_it_wrote_and_tells_offsets(tmp_path: Path) -> None:
+    stream, chunks = DirectFile(tmp_path / "f"), [os.urandom(5_000_000) for _ in range(4)]  # more than one block
     for chunk in chunks:
         assert stream.write(memoryview(chunk)) == len(chunk)
-    assert stream.tell() == sum(map(len, chunks))
+        assert stream.tell() == sum(map(len, chunks[:chunks.index(chunk) + 1]))  # where DCP's next item starts
     stream.close()
     assert (tmp_path / "f").read_bytes() == b"".join(chunks)
-    assert stream.digest() == sha256_file(tmp_path / "f")
+    assert stream.hexdigest() == sha256_file(tmp_path / "f")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ parameter), are written as a `torch.distributed.checkpoint` (DCP) checkpoint und
 Full (unsharded) tensors are written; DCP reshards them into DTensors on load, on any world size. The writer streams:
 the state dict holds meta-device placeholders and the planner reads one tensor when DCP asks for it, freeing the one
 before; a frozen parameter's weights come from the model-states files (it has no moments). Every file is hashed as
-it is written (`WrittenFile`) and fsynced; DCP's `.metadata` is
+it is written (`format.writer.DirectFile`) and fsynced; DCP's `.metadata` is
 written last, then the package's manifest over every file, then the folder is renamed into place: committed like
 every other checkpoint here. The rank files' SHA-256 is checked against their manifest in a thread meanwhile; the
 output is committed only once every hash matched.
@@ -26,7 +26,6 @@ torchtitan step folder (the layouts: `convert.dcp_layout`), into DeepSpeed's uni
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import pickle
@@ -59,6 +58,7 @@ from zckpt_nb.format.disk import atomic_write, staged
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
 from zckpt_nb.format.manifest import FileEntry, Manifest, commit, entries_under, read_manifest
 from zckpt_nb.format.units import counted, secs
+from zckpt_nb.format.writer import DirectFile, skip_crc32
 from zckpt_nb.measure import meters
 from zckpt_nb.model import model_config
 
@@ -103,19 +103,6 @@ def large_frees_returned() -> Iterator[None]:
         yield
     finally:
         set_mmap_threshold(DEFAULT_MMAP_THRESHOLD)
-
-
-@contextmanager
-def no_zip_crc() -> Iterator[None]:
-    """torch.save without its zip CRC-32 (torch's documented `serialization.config`), restored after: the CRC took
-    ~40% of each save on `large`, and the manifest's SHA-256 covers every byte written; torch.load does without it."""
-    from torch.utils.serialization import config
-
-    crc, config.save.compute_crc32 = config.save.compute_crc32, False
-    try:
-        yield
-    finally:
-        config.save.compute_crc32 = crc
 
 
 def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]:
@@ -206,49 +193,11 @@ def streaming_planner(source: Source, sources: dict[int, tuple[str, str]]) -> An
     return StreamingPlanner()
 
 
-class WrittenFile:
-    """A file DCP writes into, hashed as it is written: the manifest's SHA-256 without reading the file back.
-
-    Reading back and hashing the 1.9 GB DCP writes on `large` took 2.7 s after DCP's final fsync; here the bytes are
-    hashed as they pass (hashlib releases the GIL, so the rank files' check thread runs meanwhile). No DCP option
-    hashes what it writes; its extension point is the `FileSystem` that opens each stream.
-    Measured and not kept: a helper thread fdatasyncing the file every 64 MiB so that the disk writes while the next
-    tensors are gathered made the whole command 2.2x slower on `large` (30.1 s against 13.6 s, same run): DCP's one
-    fsync per file (`sync_files`) stays the only one.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.file, self.sha = open(path, "wb"), hashlib.sha256()
-
-    def write(self, data: Any) -> int:
-        """Write and hash `data`."""
-        self.sha.update(data)
-        return self.file.write(data)
-
-    def digest(self) -> str:
-        """SHA-256 of everything written."""
-        return self.sha.hexdigest()
-
-    def tell(self) -> int:
-        """Where the next byte goes (DCP records each item's offset)."""
-        return self.file.tell()
-
-    def fileno(self) -> int:
-        """The file descriptor (DCP fsyncs it)."""
-        return self.file.fileno()
-
-    def flush(self) -> None:
-        """Hand the buffered bytes to the kernel."""
-        self.file.flush()
-
-    def close(self) -> None:
-        """Close the file (DCP fsynced it before); closing twice is harmless."""
-        self.file.close()
-
-
 def hashing_writer(out: Path) -> Any:
-    """DCP's FileSystemWriter into `out`, fsyncing every file (`sync_files`) and writing each through a WrittenFile;
-    its `digests` maps each file's name (as renamed: DCP writes `.metadata` under a temporary name) to its SHA-256."""
+    """DCP's FileSystemWriter into `out`, fsyncing every file (`sync_files`) and writing each through the package's
+    hashing writer (`format.writer.DirectFile`: no DCP option hashes what it writes; its extension point is the
+    `FileSystem` that opens each stream); its `digests` maps each file's name (as renamed: DCP writes `.metadata`
+    under a temporary name) to its SHA-256."""
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import FileSystem
 
@@ -261,12 +210,9 @@ def hashing_writer(out: Path) -> Any:
                 with super().create_stream(path, mode) as stream:
                     yield stream
                 return
-            stream = WrittenFile(Path(path))
-            try:
+            with DirectFile(path) as stream:
                 yield stream
-            finally:
-                stream.close()
-            digests[Path(path).name] = stream.digest()
+            digests[Path(path).name] = stream.hexdigest()
 
         def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
             super().rename(path, new_path)
@@ -289,7 +235,8 @@ def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]
     baseline, start = rss_now(), time.perf_counter()
     state, sources = dcp_state(source)
     planner, writer = streaming_planner(source, sources), hashing_writer(out)
-    with large_frees_returned(), no_zip_crc():
+    skip_crc32()  # torch.save's per-record CRC-32: every file's SHA-256 goes in the manifest (format.writer)
+    with large_frees_returned():
         dcp.save(state, storage_writer=writer, planner=planner, no_dist=True)
         planner.release()
     source.shards.drop()
@@ -593,9 +540,9 @@ def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
     return groups
 
 
-def write_params(source: DcpSource, zero: Path, names: list[str]) -> list[Any]:
+def write_params(source: DcpSource, zero: Path, names: list[str], digests: dict[str, str]) -> list[Any]:
     """Parameters `names`' fp32 weights and both moments, read from the DCP checkpoint in one dcp.load, into
-    zero/<name>/ (flat, as ds_to_universal writes them); returns their Adam steps."""
+    zero/<name>/ (flat, as ds_to_universal writes them), each file's SHA-256 into `digests`; their Adam steps."""
     import torch
 
     keys: dict[str, Any] = {}
@@ -607,17 +554,19 @@ def write_params(source: DcpSource, zero: Path, names: list[str]) -> list[Any]:
     for name in names:
         (zero / name).mkdir(parents=True)
         for kind, key in ((WEIGHTS, at.weight(name)), *((m, at.state(name, m)) for m in MOMENTS)):
-            save(got.pop(key).flatten(), zero / name / f"{kind}.pt")  # popped: freed once written
+            path = zero / name / f"{kind}.pt"
+            digests[str(path.relative_to(zero.parent))] = save(got.pop(key).flatten(), path)  # popped: freed
     return [got[at.state(name, "step")] for name in names]
 
 
-def save(obj: Any, path: Path) -> None:
-    """torch.save into a Python file object: a full disk then raises its OSError (through a path, torch's C++ writer
-    says only "iostream error")."""
+def save(obj: Any, path: Path) -> str:
+    """torch.save through the package's hashing writer (hashed as written, fsynced at close; a full disk raises its
+    OSError there, where torch's C++ writer given a path says only "iostream error"); its SHA-256."""
     import torch
 
-    with open(path, "wb") as f:
+    with DirectFile(path) as f:
         torch.save(obj, f)
+    return f.hexdigest()
 
 
 def zero_states(source: DcpSource) -> dict[str, Any]:
@@ -667,24 +616,28 @@ def write_zero(out: Path, source: DcpSource, hf_config: Any) -> str:
     start = time.perf_counter()
     tag, params, group = tag_for(source.step), source.names.params, source.group
     uni, known = universal_dir(out, tag), source.manifest
-    with large_frees_returned(), no_zip_crc():
-        steps = [s for names in param_batches(params) for s in write_params(source, uni / "zero", names)]
-    save({"optimizer_state_dict": {"state": {0: {"step": one_step(source, steps)}},
-                                   "param_groups": [{**group, "params": [0]}]},
-          "param_groups": [{**group, "params": [0]}]}, uni / "zero" / "optimizer_state.pt")
-    save(zero_states(source), uni / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    skip_crc32()  # as in write_dcp
+    digests: dict[str, str] = {}
+    with large_frees_returned():
+        steps = [s for names in param_batches(params) for s in write_params(source, uni / "zero", names, digests)]
+    groups = [{**group, "params": [0]}]
+    optim = {"optimizer_state_dict": {"state": {0: {"step": one_step(source, steps)}}, "param_groups": groups},
+             "param_groups": groups}
+    digests["zero/optimizer_state.pt"] = save(optim, uni / "zero" / "optimizer_state.pt")
+    states = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    digests[states] = save(zero_states(source), uni / states)
     count = {"num_params": sum(math.prod(s) for s in params.values())}
     identity = {"model": (known.identity or {}).get("model"), **count, "global_batch": source.under(
         "train_state").get("global_batch")} if known else {"model_type": hf_config.model_type, **count}
     atomic_write(out / "config.json", hf_config.to_json_string())
     (out / tag).mkdir()
     commit(out / tag, Manifest(tag, source.step, [], world_size=0, identity=identity, from_dcp=str(source.folder)))
-    files = entries_under(uni)  # no rank files in the tag: DeepSpeed loads the universal copy
+    files = entries_under(uni, digests)  # no rank files in the tag: DeepSpeed loads the universal copy
     source_bytes = known.total_bytes() if known else sum(p.stat().st_size for p in source.folder.iterdir())
     cost = {"seconds": time.perf_counter() - start, "peak_rss_bytes": meters.rss_high_water() or 0,
             "bytes": sum(e.bytes for e in files), "source_bytes": source_bytes}
     commit(uni, Manifest(tag, source.step, files, kind=UNIVERSAL, identity=identity,
                          source_world_size=source.world_size, source_manifest_sha256=manifest_hash(out, tag),
-                         conversion=cost))
+                         conversion=cost), synced=True)  # every file fsynced by its writer
     atomic_write(out / "latest", tag)
     return tag

@@ -44,7 +44,8 @@ class DirectFile:
     def __init__(self, path: str | Path) -> None:
         self.fd, self.direct = open_direct(path)
         self.buffers = [mmap.mmap(-1, BLOCK), mmap.mmap(-1, BLOCK)]  # anonymous maps are page-aligned
-        self.fill, self.sha, self.pending = 0, hashlib.sha256(), None
+        self.fill, self.written, self.sha, self.pending = 0, 0, hashlib.sha256(), None
+        self.closed = False
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="zckpt-direct")
         self.hash_seconds = self.fsync_seconds = 0.0
 
@@ -54,7 +55,8 @@ class DirectFile:
     def __exit__(self, error_type: Any, *rest: Any) -> None:
         if error_type is None:
             self.close()
-        else:  # the save failed: stop the worker, close the descriptor, keep the first error
+        elif not self.closed:  # the save failed: stop the worker, close the descriptor, keep the first error
+            self.closed = True
             self.worker.shutdown(wait=True)
             os.close(self.fd)
 
@@ -67,7 +69,16 @@ class DirectFile:
             self.fill, done = self.fill + n, done + n
             if self.fill == BLOCK:
                 self.submit()
+        self.written += len(view)
         return len(view)
+
+    def tell(self) -> int:
+        """Bytes accepted so far: where the next byte goes (DCP records each item's offset)."""
+        return self.written
+
+    def fileno(self) -> int:
+        """The descriptor; an fsync of it (DCP's) covers the blocks written so far, `close` fsyncs the rest."""
+        return self.fd
 
     def flush(self) -> None:  # torch.save may call it; blocks go out when full, the rest at close
         pass
@@ -92,7 +103,11 @@ class DirectFile:
         write_all(self.fd, view)
 
     def close(self) -> None:
-        """Write what is left, fsync, close; always closes the descriptor and stops the worker (`with` calls it)."""
+        """Write what is left, fsync, close; always closes the descriptor and stops the worker (`with` calls it); a
+        second call does nothing (DCP closes the streams it is given)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.wait()
             aligned = self.fill // PAGE * PAGE
