@@ -227,13 +227,15 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (16 if get("GATHER_16BIT") else 17), held
+    assert len(held) == (25 if get("GATHER_16BIT") else 26), held
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
     predicted = sum(-(-s.numel() // nproc) for group in shapes for s in group.values())
     slices = [sum(t.numel() for t in safe_load(p)["optimizer_state_dict"]["fp32_flat_groups"])
               for p in (runs / "raw" / tag).glob("*optim_states.pt")]
     assert len(slices) == nproc and set(slices) == {predicted}
     assert f"✓ every rank holds Σ⌈k/N⌉ = {predicted:,} fp32 master elements, as predicted from the config" in held
+    padding = sum(-(-s.numel() // nproc) * nproc - s.numel() for group in shapes for s in group.values())
+    assert f"✓ the padding read from the files is the {padding:,} elements predicted from the config" in held
     dropped, kind = list(range(nproc))[get("DROP_RANK")], get("DROP_FILE")
     broken = runs / "broken" / tag
     assert [r for r in range(nproc) if not list(broken.glob(f"*rank_{r}_*{kind}.pt"))] == [dropped]
@@ -272,6 +274,12 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert "✓ every resumed loss and LR equals the uninterrupted run's" in held
     assert sorted(p.name for p in (runs / "accelerate").glob("random_states_*.pkl")) == [
         f"random_states_{r}.pkl" for r in range(nproc)]
+    shared = {e.path: e for e in read_manifest(runs / "accelerate" / "pytorch_model").shared}
+    assert all(shared[f"random_states_{r}.pkl"].rank == r and shared[f"random_states_{r}.pkl"].sha256 == sha256_file(
+        runs / "accelerate" / f"random_states_{r}.pkl") for r in range(nproc))  # adopt listed accelerate's files
+    changed = runs / "accelerate_tampered" / f"random_states_{nproc - 1}.pkl"
+    assert sha256_file(changed) != shared[changed.name].sha256
+    assert "✓ verify refused the copy, naming the changed RNG file" in held
 
 
 def stream_text(nb: nbformat.NotebookNode) -> str:
