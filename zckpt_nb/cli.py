@@ -178,9 +178,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.export import export
 
     out = export(args.ckpt_dir, args.out_dir, tag=args.tag, max_shard_size=args.max_shard_size,
-                 overwrite=args.overwrite, config=args.config)
+                 overwrite=args.overwrite, config=args.config, adapter_config=args.adapter_config, merge=args.merge)
     files = sorted(p for p in out.iterdir() if p.is_file())
-    if not (out / "tokenizer.json").is_file():
+    if not (out / "tokenizer.json").is_file() and (out / "config.json").is_file():  # an adapter is not generate's
         print(f"{args.ckpt_dir} has no tokenizer beside its tags, so the export has none: pass token ids to "
               "generate (--token_ids), or add the tokenizer the model was trained with")
     print(f"exported {args.ckpt_dir} to {out}: {len(files)} files, {sum(p.stat().st_size for p in files):,} bytes "
@@ -320,6 +320,11 @@ def add_export_commands(sub: Any) -> None:
     exp.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     exp.add_argument("--config", default=None, metavar="PATH",
                      help="the model's config.json (or its folder), when none lies beside the checkpoint")
+    exp.add_argument("--adapter_config", default=None, metavar="FILE",
+                     help="a peft (LoRA) run's adapter_config.json, when none lies beside the checkpoint: the export "
+                          "is then the adapter folder that PeftModel.from_pretrained(base, OUT_DIR) loads")
+    exp.add_argument("--merge", action="store_true",
+                     help="a peft run: write the model with the adapter merged (merge_and_unload), not the adapter")
     exp.set_defaults(func=cmd_export)
 
     gen = sub.add_parser("generate", help="greedy text from an exported model, without DeepSpeed")

@@ -9,6 +9,9 @@ which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on 
 conversion lists the tied name as the same object; the export stores the matrix once, as transformers'
 `save_pretrained` does, streaming each tensor from the rank files (`zckpt_nb.convert.streaming`).
 
+A peft run (its weights under peft's names) exports as its adapter folder, or merged with `merge`
+(`zckpt_nb.convert.peft_export`). Weights whose names are not the config's model's are refused, never written.
+
 This module imports neither DeepSpeed nor torch at import time, so `generate` stays DeepSpeed-free.
 """
 
@@ -19,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.model_card import run_facts, write_card
+from zckpt_nb.convert.peft_export import ADAPTER_CONFIG, is_peft, write_peft
 from zckpt_nb.convert.safeload import check_files, load
-from zckpt_nb.convert.streaming import write_weights
+from zckpt_nb.convert.streaming import lazy_state_dict, write_weights
 from zckpt_nb.convert.verify import check_output, newest_committed
 from zckpt_nb.convert.zero_to_fp32 import shard_files
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable, read_json, staged, umask
 from zckpt_nb.format.layout import EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
-from zckpt_nb.format.manifest import Manifest, commit, entries_under
+from zckpt_nb.format.manifest import Manifest, commit, entries_under, read_manifest
 from zckpt_nb.measure import meters
 from zckpt_nb.measure.meters import ready_to_time
 from zckpt_nb.model import gpt2_config
@@ -150,24 +154,38 @@ def share_permissions(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
+def built_here(ckpt_dir: Path, tag: str, config_source: str | Path | None) -> bool:
+    """Did this package's worker build the model from the config the export reads (the preset its manifest names,
+    no --config), so that the checkpoint's names are that model's by construction?"""
+    return config_source is None and bool((read_manifest(ckpt_dir / tag).identity or {}).get("model"))
+
+
 def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str,
-                 config_source: str | Path | None = None) -> None:
-    """Write the weights (streamed from the rank files, tied weights once), the tokenizer if the checkpoint has one,
-    and the model card."""
+                 config_source: str | Path | None = None, adapter_source: str | Path | None = None,
+                 merge: bool = False) -> None:
+    """Write the weights (streamed from the rank files, tied weights once; a peft run's adapter, or merged), the
+    tokenizer if the checkpoint has one, and the model card."""
     config = model_config(ckpt_dir, config_source)
-    tensors = write_weights(ckpt_dir, tag, config, dest, max_shard_size, check=config_source is not None)
+    lazy = lazy_state_dict(ckpt_dir, tag)
+    peft = bool(adapter_source) or merge or is_peft(lazy)
+    tensors = write_peft(ckpt_dir, lazy, config, dest, max_shard_size, adapter_source, merge) if peft else \
+        write_weights(ckpt_dir, tag, lazy, config, dest, max_shard_size, check=not built_here(ckpt_dir, tag,
+                                                                                                config_source))
     tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
         if (ckpt_dir / "tokenizer.json").is_file() else None
     world_size = tag_world_size(ckpt_dir, tag)
-    facts = run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size)
+    facts = run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size) | {"adapter": peft and not merge}
     write_card(dest, facts, name)
     share_permissions(dest)
     commit(dest, Manifest(tag, facts["steps"], entries_under(dest), kind=EXPORT_KIND))  # what --overwrite replaces
 
 
 def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",
-           overwrite: bool = False, config: str | Path | None = None) -> Path:
-    """Export checkpoint `tag` (default: `latest`) of `ckpt_dir` as a Hugging Face folder `out_dir`.
+           overwrite: bool = False, config: str | Path | None = None, adapter_config: str | Path | None = None,
+           merge: bool = False) -> Path:
+    """Export checkpoint `tag` (default: `latest`) of `ckpt_dir` as a Hugging Face folder `out_dir`; a peft run as
+    its adapter folder (`adapter_config`: the run's adapter_config.json, default the one beside the checkpoint), or
+    with `merge` as the model with the adapter merged.
 
     Every check runs before anything is written; the folder is built beside `out_dir` and renamed into place at
     the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
@@ -177,7 +195,7 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     check_out_dir(out_dir, ckpt_dir, overwrite)
     shard_bytes = check_shard_size(max_shard_size)
     with staged(out_dir) as tmp:
-        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name, config)
+        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name, config, adapter_config, merge)
     return out_dir
 
 
@@ -192,6 +210,9 @@ def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None
 
 def check_model_dir(model_dir: Path) -> None:
     """Raise UsageError unless `model_dir` looks like a Hugging Face model folder."""
+    if (model_dir / ADAPTER_CONFIG).is_file() and not (model_dir / "config.json").is_file():
+        raise UsageError(f"{model_dir} is a peft adapter, not a whole model: load it onto its base model with "
+                         "PeftModel.from_pretrained(base, dir), or export the checkpoint again with --merge")
     if not (model_dir / "config.json").is_file():
         raise UsageError(f"{model_dir} is not a Hugging Face model folder (no config.json); "
                          "create one with: python -m zckpt_nb export CKPT_DIR OUT_DIR")

@@ -111,7 +111,19 @@ def origin(facts: dict[str, Any]) -> str:
 
 
 def usage(facts: dict[str, Any], model_dir_name: str) -> str:
-    """How to load it: with its tokenizer, or with token ids when it has none."""
+    """How to load it: with its tokenizer, or with token ids when it has none; a peft adapter onto its base model."""
+    if facts["adapter"]:
+        return f"""A peft adapter: load it onto the base model it was trained on.
+
+```python
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+base = AutoModelForCausalLM.from_pretrained("BASE_MODEL")  # the weights the adapter was trained on
+model = PeftModel.from_pretrained(base, "{model_dir_name}")
+```
+
+`python -m zckpt_nb export CKPT OUT --merge` writes the model with the adapter merged instead."""
     if facts["tokenizer_entries"] is None:
         return f"""```python
 import torch
@@ -142,11 +154,13 @@ def fact_rows(facts: dict[str, Any]) -> str:
         f"{unknown} ({facts['loss_source']})"
     sha = f"`{facts['manifest_sha256']}`" if facts["manifest_sha256"] else "none (saved without the commit protocol)"
     head = "the head is tied to the embedding" if facts["tied"] else "the output head has weights of its own"
+    head = "the adapter's; the base model's are not in this folder" if facts["adapter"] else head
     rows = [("architecture", f"`{facts['model_type']}`"), ("preset", facts["preset"]),
             ("parameters", f"{facts['parameters']:,} ({head})"), ("training steps", facts["steps"]),
             ("loss at the last step", loss), ("world size (ranks that trained and saved it)", facts["world_size"]),
             ("source checkpoint tag", facts["tag"]), ("SHA-256 of the tag's `zckpt_manifest.json`", sha),
-            ("weights", f"{facts['dtype']}, safetensors"), ("context", f"{facts['context']} tokens"),
+            ("weights", f"{facts['dtype']}, safetensors{', peft adapter' if facts['adapter'] else ''}"),
+            ("context", f"{facts['context']} tokens"),
             ("seed", facts["seed"])]
     return "\n".join(f"| {name} | {value} |" for name, value in rows if value is not None)
 
@@ -154,7 +168,7 @@ def fact_rows(facts: dict[str, Any]) -> str:
 def card_text(facts: dict[str, Any], model_dir_name: str) -> str:
     """The card: Hub front matter, the checkpoint's facts, how to load it."""
     return f"""---
-library_name: transformers
+library_name: {'peft' if facts['adapter'] else 'transformers'}
 pipeline_tag: text-generation
 license: {license_id()}
 tags:

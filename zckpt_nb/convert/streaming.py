@@ -89,11 +89,11 @@ def meta_model(config: Any) -> Any:
 
 def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:
     """The model `config` describes has exactly the checkpoint's weights, name for name and shape for shape, or
-    UsageError naming the first difference (an export would otherwise load with random or missing weights).
+    UsageError in one line (an export would otherwise load with random or missing weights).
 
-    A config asking for more elements or layers than the checkpoint holds is refused first; with `build` (a config
-    given by hand; the one beside the checkpoint is covered by its manifest) the model is then built on the meta
-    device and compared, which imports its class (about 100 MiB of RSS, more than a small export needs).
+    A config asking for more elements or layers than the checkpoint holds is refused first; with `build` the model
+    is then built on the meta device and compared, which imports its class (about 90 MiB of RSS, more than a small
+    export needs).
     """
     held, count = sum(t.shape.numel() for t in tensors.values()), len(tensors)
     vocab, width, layers = (int(getattr(config, k, 0) or 0) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
@@ -107,12 +107,26 @@ def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:
         model = meta_model(config)
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"cannot build a causal LM from the config: {first_line(e)}") from None
+    check_names(model, tensors, {name for name, _ in model.named_parameters()},  # tied weights once, as stored
+                "pass the config the model was trained with (--config)")
+
+
+def listed(names: list[str], shown: int = 3) -> str:
+    """The first `shown` of `names`, and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def check_names(model: Any, tensors: dict[str, Any], needed: set[str], fix: str) -> None:
+    """UsageError in one line, ending with `fix`, unless every name of `tensors` is one of `model`'s weights with
+    its shape and every name in `needed` is in `tensors`."""
     built = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    wanted = {name for name, _ in model.named_parameters()}  # tied weights once, as the checkpoint stores them
-    alone = sorted(wanted - set(tensors)) + sorted(set(tensors) - set(built))
-    if alone:
-        raise UsageError(f"the config's model and the checkpoint differ: {alone[0]} is in only one of them; pass the "
-                         "config the model was trained with (--config)")
+    unknown, missing = sorted(set(tensors) - set(built)), sorted(needed - set(tensors))
+    if unknown or missing:
+        parts = [f"{len(unknown)} of the checkpoint's weights are not the model's ({listed(unknown)})"] * bool(unknown)
+        parts += [f"the checkpoint lacks {len(missing)} of its weights ({listed(missing)})"] * bool(missing)
+        raise UsageError(f"the checkpoint's weights do not match the {type(model).__name__} its config describes: "
+                         f"{'; '.join(parts)}; {fix}")
     for name, t in tensors.items():
         if built[name] != tuple(t.shape):
             raise UsageError(f"the config gives {name} the shape {built[name]}, the checkpoint {tuple(t.shape)}; "
@@ -232,18 +246,17 @@ def write_shards(tensors: dict[str, Any], plan: Any, dest: Path) -> None:
         (dest / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def write_weights(ckpt_dir: Path, tag: str, config: Any, dest: Path, max_shard_size: int,
+def write_weights(ckpt_dir: Path, tag: str, lazy: dict[str, Any], config: Any, dest: Path, max_shard_size: int,
                   check: bool = False) -> dict[str, Any]:
-    """Write the weights, `config.json` and `generation_config.json` into `dest`; return the tensors written.
+    """Write the weights of `lazy` (checkpoint `tag`'s lazy state dict), `config.json` and `generation_config.json`
+    into `dest`; return the tensors written.
 
-    Names, shapes and ties come from the checkpoint (the engine's own module), not from a model built from `config`:
-    `config.json` is covered by the checkpoint's manifest, and importing a model class costs more than the whole
-    conversion of a small model.
+    Names, shapes and ties come from the checkpoint (the engine's own module); with `check` they are compared with a
+    model built from `config` first (importing a model class costs more than the whole conversion of a small model).
     """
     from transformers import GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    lazy = lazy_state_dict(ckpt_dir, tag)
     check_frozen_kept(load(shard_paths(ckpt_dir / tag)[0]["model"], mmap=True), lambda: config, set(lazy),
                       ckpt_dir / tag)
     tensors = stored_names(lazy)

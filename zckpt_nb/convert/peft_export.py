@@ -1,0 +1,120 @@
+"""Export a peft run (LoRA, or any adapter peft can merge): the adapter folder `PeftModel.save_pretrained` writes,
+or, merged, the plain model `AutoModelForCausalLM.from_pretrained` loads.
+
+An engine that trained a `PeftModel` saves peft's names: `base_model.model.` before the wrapped model's own, and in
+each adapted layer `base_layer` and `lora_A.default`. A model built from `config.json` knows none of them. The peft
+model is rebuilt on the meta device from that config and the run's adapter config (peft's `get_peft_model`), its
+names and shapes checked against the checkpoint's, and peft writes the files:
+
+- the adapter: only the adapter's weights are read from the rank files (the base stays on the meta device), then
+  `PeftModel.save_pretrained`;
+- merged: every weight is read whole into memory (peft merges whole tensors, W + B @ A x scaling), then
+  `merge_and_unload` and transformers' `save_pretrained`. Unlike the plain export, this holds the fp32 model in
+  memory once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.convert.streaming import check_names, stored_names
+from zckpt_nb.errors import CheckpointError, UsageError, first_line
+from zckpt_nb.format.disk import read_json
+
+PEFT_PREFIX = "base_model.model."  # what a PeftModel puts before the wrapped model's names
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's file name for its config (`LoraConfig.save_pretrained` writes it)
+
+
+def is_peft(names: Iterable[str]) -> bool:
+    """Are these a PeftModel's parameter names?"""
+    return any(name.startswith(PEFT_PREFIX) for name in names)
+
+
+def adapter_config(ckpt_dir: Path, source: str | Path | None) -> Any:
+    """The run's peft config: `source` (an adapter_config.json or its folder), else the one beside the checkpoint."""
+    path = Path(source) if source else ckpt_dir / ADAPTER_CONFIG
+    path = path / ADAPTER_CONFIG if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"the checkpoint's weights are a peft model's ({PEFT_PREFIX}...) and {path} does not exist: "
+                         "pass --adapter_config FILE (the run's adapter_config.json, as LoraConfig.save_pretrained "
+                         "writes it) or put it beside 'latest'")
+    from peft import PeftConfig
+
+    try:
+        return PeftConfig.from_peft_type(**read_json(path))
+    except (CheckpointError, TypeError, ValueError, KeyError) as e:
+        raise UsageError(f"cannot read the adapter config {path}: {first_line(e)}") from None
+
+
+def peft_model(config: Any, adapter: Any) -> Any:
+    """The peft model `adapter` makes of the causal LM `config` describes, on the meta device."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # peft's and transformers' deprecation notes: nothing the user can act on
+            return get_peft_model(AutoModelForCausalLM.from_config(config), adapter)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"cannot apply the adapter config to the config's model: {first_line(e)}; pass the configs "
+                         "the run used (--config, --adapter_config)") from None
+
+
+def materialize(model: Any, lazy: dict[str, Any], names: set[str]) -> None:
+    """Read the tensors `names` whole from DeepSpeed's lazy state dict into `model` in place of its meta tensors."""
+    kept = stored_names(lazy)  # a tied weight once
+    model.load_state_dict({n: kept[n].contiguous() for n in names if n in kept}, strict=False, assign=True)
+
+
+def write_adapter(model: Any, lazy: dict[str, Any], dest: Path) -> dict[str, Any]:
+    """Write the adapter as `PeftModel.save_pretrained` does; return its tensors.
+
+    Refused when the run trained weights outside the adapter (a base weight unfrozen by hand): the adapter would lose
+    them, the merged model keeps them.
+    """
+    from deepspeed.utils.zero_to_fp32 import GatheredTensor
+
+    adapter = {name for name, p in model.named_parameters() if p.requires_grad}
+    trained = {name for name, t in lazy.items() if isinstance(t, GatheredTensor)}  # what the optimizer held
+    check_names(model, lazy, adapter, "pass the configs the run used (--config, --adapter_config)")
+    if outside := sorted(trained - adapter):
+        more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
+        raise UsageError(f"the run also trained {outside[0]}{more}, which the adapter does not hold: export the merged "
+                         "model (--merge)")
+    materialize(model, lazy, adapter)
+    model.save_pretrained(str(dest), save_embedding_layers=False)  # the base's embeddings are not the adapter's
+    return {name: p for name, p in model.named_parameters() if name in adapter}
+
+
+def write_merged(model: Any, lazy: dict[str, Any], dest: Path, max_shard_size: int) -> dict[str, Any]:
+    """Write the model with the adapter merged (peft's `merge_and_unload`) as transformers' `save_pretrained` does;
+    return its tensors, a tied weight once."""
+    from transformers.utils import logging as hf_logging
+
+    needed = {name for name, _ in model.named_parameters()}
+    check_names(model, lazy, needed, "export the adapter alone (without --merge) if the run saved no base weights "
+                "(exclude_frozen_parameters=True); otherwise pass the configs the run used (--config, "
+                "--adapter_config)")
+    materialize(model, lazy, needed)
+    model.get_base_model().tie_weights()  # a tied head was read once, under the embedding's name
+    merged = model.merge_and_unload()
+    hf_logging.disable_progress_bar()  # the export reports in one line of its own
+    merged.save_pretrained(str(dest), max_shard_size=max_shard_size)
+    return dict(merged.named_parameters())
+
+
+def write_peft(ckpt_dir: Path, lazy: dict[str, Any], config: Any, dest: Path, max_shard_size: int,
+               adapter_source: str | Path | None, merge: bool) -> dict[str, Any]:
+    """Write the peft checkpoint's adapter, or with `merge` its merged model, into `dest`; return the tensors
+    written."""
+    if not is_peft(lazy):
+        raise UsageError(f"{ckpt_dir}'s weights are a plain model's, not a peft model's ({PEFT_PREFIX}...): export it "
+                         "without --adapter_config and --merge")
+    model = peft_model(config, adapter_config(ckpt_dir, adapter_source))
+    return write_merged(model, lazy, dest, max_shard_size) if merge else write_adapter(model, lazy, dest)
