@@ -2,13 +2,15 @@
 trained with DeepSpeed ZeRO-3 alone, no part of this package in the loop.
 
     torchrun --nproc_per_node 2 -m zckpt_nb.examples.own_loop OUT [--steps 6] [--dtype bf16] [--save deepspeed]
-        [--freeze_embeddings] [--exclude_frozen]
+        [--freeze_embeddings] [--exclude_frozen] [--lora]
 
 `--save deepspeed` ends with DeepSpeed's own `engine.save_checkpoint(OUT)` on every rank (the rank-0 guard only around
 the folder and `config.json`): a checkpoint without a manifest, which `python -m zckpt_nb adopt OUT` takes in.
 `--save zckpt` saves through `zckpt_nb.save` (commit protocol, no tokenizer, no scheduler) and `--resume` continues
 from `zckpt_nb.resume`. `--fail_preparing` hands `zckpt_nb.save` a tokenizer whose `save_pretrained` raises on the
-folder's writer: every rank must report the same failed save, none may hang.
+folder's writer: every rank must report the same failed save, none may hang. `--lora` trains peft's LoRA adapters
+(r=4) on the attention projections, the base weights frozen, and saves the run's `adapter_config.json` beside the
+checkpoint, as `LoraConfig.save_pretrained` writes it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,19 @@ class BrokenTokenizer:
         raise RuntimeError(f"this tokenizer cannot be saved into {folder}")
 
 
-def build(dtype: str, freeze_embeddings: bool = False) -> tuple[object, object, dict]:
-    """The model built partitioned (HfDeepSpeedConfig alive before from_config) and its ZeRO-3 engine."""
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the attention projections
+
+
+def lora_config() -> object:
+    """peft's LoRA on the attention projections, rank 4."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+
+
+def build(dtype: str, freeze_embeddings: bool = False, lora: bool = False) -> tuple[object, object, dict]:
+    """The model built partitioned (HfDeepSpeedConfig alive before from_config), wrapped in peft's LoRA with `lora`,
+    and its ZeRO-3 engine."""
     import deepspeed
     from transformers import AutoModelForCausalLM, LlamaConfig
     from transformers.integrations import HfDeepSpeedConfig
@@ -43,6 +56,10 @@ def build(dtype: str, freeze_embeddings: bool = False) -> tuple[object, object, 
     keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  (transformers reads it while building the model)
     model = AutoModelForCausalLM.from_config(config)
     model.get_input_embeddings().requires_grad_(not freeze_embeddings)
+    if lora:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config())  # freezes every base weight
     trained = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=ds_config)
     return engine, config, ds_config
@@ -62,9 +79,10 @@ def main() -> None:
     parser.add_argument("--fail_preparing", action="store_true")
     parser.add_argument("--freeze_embeddings", action="store_true")
     parser.add_argument("--exclude_frozen", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
-    engine, config, _ = build(args.dtype, args.freeze_embeddings)
+    engine, config, _ = build(args.dtype, args.freeze_embeddings, args.lora)
     rank, start = dist.get_rank(), 0
     if args.resume:
         start = zckpt_nb.resume(engine, args.out, strict=not args.exclude_frozen)["step"]
@@ -80,6 +98,8 @@ def main() -> None:
         if rank == 0:  # only the folder and the config: the save itself is collective
             os.makedirs(args.out, exist_ok=True)
             config.save_pretrained(args.out)
+            if args.lora:
+                engine.module.peft_config["default"].save_pretrained(args.out)  # adapter_config.json
         engine.save_checkpoint(args.out, client_state={"step": args.steps},  # every rank
                                exclude_frozen_parameters=args.exclude_frozen)
     else:
