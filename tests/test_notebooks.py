@@ -205,8 +205,15 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     worst = max(abs(losses[s] - full[s]) for losses in resumed.values() for s in wanted)
     tolerance = {"fp32": 1e-4, "bf16": 0.05}[dtype]
     assert worst <= tolerance
-    assert (f"✓ every resumed loss is within {tolerance:g} of the uninterrupted run's ({dtype}): the same optimisation"
-            f"  (largest difference {worst:.1e})") in held
+    assert (f"✓ every resumed loss is within {tolerance:.1e} of the uninterrupted run's ({dtype}): the same "
+            f"optimisation  (largest difference {worst:.1e})") in held
+    printed = (re.search(r"^step (\d+) loss (\S+)$", line)
+               for line in (runs / "resume_other_seed.log").read_text().splitlines())
+    control = {int(m[1]): float(m[2]) for m in printed if m}  # the negative control: other batches
+    assert sorted(control) == wanted
+    off = max(abs(control[s] - full[s]) for s in wanted)
+    assert off > tolerance and any(line.startswith(f"✓ the negative control fails the same test: the resume on other "
+                                                   f"batches (seed 1) is {off:.1e} off") for line in held)
 
     local = sorted(runs.glob("node[0-9]*"))
     assert len(local) == nodes
