@@ -307,7 +307,7 @@ def resume(worker: Worker) -> int:
     state = load_verified(worker.engine, source.load_dir, source.tag, restore_rng=source.universal is None)
     step = state[CLIENT_KEY]["step"]
     if worker.rank == 0:
-        print(f"resumed from {source.tag} at step {step}", flush=True)
+        print(f"resumed from {source.tag}: {step} steps done, the next is step {step + 1}", flush=True)
     return step
 
 

@@ -197,7 +197,7 @@ def train(opts: TrainOptions) -> None:
     if folder:
         resume(worker, folder)
         if rank == 0:
-            print(f"resumed from {folder.name} at step {worker.start} on {counted(world, 'rank')} "
+            print(f"resumed from {folder.name}: {worker.start} steps done, on {counted(world, 'rank')} "
                   f"(FSDP2, {worker.dtype})", flush=True)
     resumed = worker.start if folder else None
     loop(worker)
