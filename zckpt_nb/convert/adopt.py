@@ -170,12 +170,8 @@ def describe_adoption(manifest: Manifest) -> str:
     frozen = facts.get("frozen_params", 0)
     held = " (frozen weights not saved: exclude_frozen_parameters=True)" if facts.get("frozen_excluded") else \
         f" ({frozen:,} of them frozen)" if frozen else ""
+    extras = [e.path for e in manifest.shared if ACCELERATE_FILE.fullmatch(e.path)]
+    beside = f", with {counted(len(extras), 'file')} of accelerate's beside it ({', '.join(extras)})" if extras else ""
     return (f"adopted {manifest.tag}: {kind}, {facts['num_params']:,} parameters{held}, {facts['dtype']}, step "
             f"{facts['step']}, saved by {counted(facts['world_size'], 'rank')} with DeepSpeed "
-            f"{facts['deepspeed_version']}{accelerate_note(manifest)}; verify, inspect, export and reshard now read it")
-
-
-def accelerate_note(manifest: Manifest) -> str:
-    """', with N of accelerate's files beside it' when the manifest lists any."""
-    extras = [e.path for e in manifest.shared if ACCELERATE_FILE.fullmatch(e.path)]
-    return f", with {counted(len(extras), 'file')} of accelerate's beside it ({', '.join(extras)})" if extras else ""
+            f"{facts['deepspeed_version']}{beside}; verify, inspect, export and reshard now read it")
