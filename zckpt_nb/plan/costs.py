@@ -21,9 +21,11 @@ For P parameters in tensors p_1..p_k, N ranks and Adam:
     tensor is gathered (and broadcast) once per module that owns it (GPT-2's wte and lm_head: twice).
   * Route 2, per-parameter gather, walks `named_parameters()` (each distinct tensor once), no broadcast.
   Rank 0 keeps a full copy in the parameter dtype: P x dtype bytes extra, and writes them.
-- Offline conversion and HF export run in one process: no communication; they read every shard (memory-mapped).
-  The conversion builds the fp32 state dict (P x 4 bytes extra) and writes it; the export builds no tensor at all
-  (it writes each one from the mapped rank files, `zckpt_nb.convert.streaming`).
+- Offline conversion and HF export run in one process: no communication. The conversion (`zero_to_fp32`) loads each
+  optimizer file memory-mapped and drops Adam's moments before touching them (DeepSpeed 0.19.8's
+  `parse_optim_states`), so it reads the fp32 master slices only: 4 bytes per owned element per rank. It builds the
+  fp32 state dict (P x 4 bytes extra) and writes it. The export first checks every rank file's SHA-256 (every byte
+  read), then builds no tensor at all (it writes each one from the mapped rank files, `zckpt_nb.convert.streaming`).
 """
 
 from __future__ import annotations
@@ -150,10 +152,11 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
                  memory=(full, Memory("two buffers of the largest module, gathered", 2 * module, 2 * module, True))),
         SaveCost("per_param", b * p, ops=nonzero({"all_gather_into_tensor": gather_bytes(released, n, b)}),
                  memory=(full, Memory("buffers of the largest tensor, gathered", tensor, 2 * tensor, True))),
-        # zero_to_fp32 joins every rank's flat fp32 partitions, then cuts the state dict out of them
-        SaveCost("offline", FP32 * p, read_bytes=shard * n,
+        # zero_to_fp32 maps every optimizer file, drops the moments unread, joins the ranks' flat fp32 partitions
+        # and cuts the state dict out of them: it reads the fp32 master slices only
+        SaveCost("offline", FP32 * p, read_bytes=FP32 * s * n,
                  memory=(Memory("fp32 state dict", FP32 * p), Memory("joined flat fp32 partitions", FP32 * n * s))),
-        SaveCost("hf", FP32 * p, read_bytes=shard * n),  # streamed from the mapped rank files: nothing built
+        SaveCost("hf", FP32 * p, read_bytes=shard * n),  # every byte hashed first; then streamed, nothing built
     ]
     files = file_bytes(name, n, persistence_threshold=persistence_threshold, dtype=dtype) if name in PRESETS else None
     return Prediction(
