@@ -119,8 +119,16 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 03 checked bf16, the frozen saves and the three warm-start loads, on the files it wrote."""
     get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == 9, held
+    assert len(held) == 14, held
     assert any(f"got {get['LOAD_TAG']}'s weights exactly" in line for line in held)
+    nproc, tag = get["NPROC"], get["LOAD_TAG"]
+    loads = [json.loads((runs / "warm" / f"loads_rank{rank}.json").read_text()) for rank in range(nproc)]
+    trap = [load["load_optimizer_states=False"] for load in loads]  # its fp32 state dict, then every parameter gathered
+    assert all(sorted(m["what"] for m in t["marks"]) == ["fp32 state dict", "gathered"] for t in trap)
+    assert all(m["bytes"] == 4 * predict("tiny", 1).num_params for t in trap for m in t["marks"])
+    started = [load["zero_to_fp32 + from_pretrained"] for load in loads]  # the warm start that works
+    assert all(s[f"diff_{tag}"] == 0 and s["moment"] == 0 for s in started)
+    assert sorted(p.name for p in (runs / "warm" / f"{tag}_fp32").iterdir()) == ["config.json", "pytorch_model.bin"]
     for name in ("fp32", "bf16", "frozen", "frozen_excluded"):
         assert inspect_checkpoint(runs / name).world_size == get["NPROC"]
     assert inspect_checkpoint(runs / "warm", "older").num_params == predict("tiny", 1).num_params
