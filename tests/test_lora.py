@@ -175,3 +175,27 @@ def test_an_adapter_export_of_a_run_that_also_trained_base_weights_is_refused(tm
     assert str(e.value) == (f"the run also trained {PREFIX}lm_head.weight, which the adapter does not hold: export "
                             "the merged model (--merge)")
     assert not any(tmp_path.iterdir())
+
+
+def test_zckpt_save_of_a_lora_run_keeps_its_adapter_config_and_exports_without_options(tmp_path):
+    """`zckpt_nb.save` of a peft model writes adapter_config.json beside config.json, lists it in the manifest (so
+    verify checks it), and export finds it there: no --adapter_config needed."""
+    from peft import PeftModel
+
+    out = tmp_path / "run"
+    launch_module(LOOP, [str(out), "--steps", "1", "--lora", "--save", "zckpt"], nproc=2, timeout=300,
+                  name="own loop --lora --save zckpt", verbose=False, progress=False)
+    manifest = json.loads((out / "global_step1" / "zckpt_manifest.json").read_text())
+    assert "adapter_config.json" in json.dumps(manifest), manifest
+    assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
+    done = cli("export", out, tmp_path / "adapter")
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    assert isinstance(PeftModel.from_pretrained(base_model_of(out), str(tmp_path / "adapter")), PeftModel)
+
+
+def base_model_of(run):
+    """A plain model of the run's config (random weights: enough to check the adapter loads onto it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(run)))

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.model_card import run_facts, write_card
-from zckpt_nb.convert.peft_export import ADAPTER_CONFIG, is_peft, write_peft
+from zckpt_nb.convert.peft_export import is_peft, write_peft
 from zckpt_nb.convert.safeload import check_files, load
 from zckpt_nb.convert.streaming import lazy_state_dict, write_weights
 from zckpt_nb.convert.verify import check_output, newest_committed
 from zckpt_nb.convert.zero_to_fp32 import shard_files
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable, read_json, staged, umask
-from zckpt_nb.format.layout import EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
+from zckpt_nb.format.layout import ADAPTER_CONFIG, EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
 from zckpt_nb.format.manifest import Manifest, commit, entries_under, read_manifest
 from zckpt_nb.measure import meters
 from zckpt_nb.measure.meters import ready_to_time

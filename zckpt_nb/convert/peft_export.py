@@ -23,11 +23,11 @@ from typing import Any
 from zckpt_nb.convert.streaming import check_names, stored_names
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import read_json
+from zckpt_nb.format.layout import ADAPTER_CONFIG
 
 PEFT_PREFIX = "base_model.model."  # what a PeftModel puts before the wrapped model's names
 
 
-ADAPTER_CONFIG = "adapter_config.json"  # peft's file name for its config (`LoraConfig.save_pretrained` writes it)
 
 
 def is_peft(names: Iterable[str]) -> bool:

@@ -28,7 +28,8 @@ _STEP = re.compile(r"(\d+)$")
 # zero_to_fp32.py and zero_to_torch.py are not listed: DeepSpeed rewrites them in place on every save, so a later
 # save failing mid-copy would make every older checkpoint fail its check (run_zero_to_fp32 compares the copy
 # with DeepSpeed's own file instead).
-SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json")
+ADAPTER_CONFIG = "adapter_config.json"  # peft's config of a LoRA run (`LoraConfig.save_pretrained` writes it)
+SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", ADAPTER_CONFIG)
 
 
 ARCHITECTURE = ("model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # config.json's shape

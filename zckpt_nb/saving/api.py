@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import UsageError
-from zckpt_nb.format.layout import SHARED_FILES, tag_for, writes_folder
+from zckpt_nb.format.layout import ADAPTER_CONFIG, SHARED_FILES, tag_for, writes_folder
 from zckpt_nb.format.records import Route, SaveMode, SaveOutcome
 from zckpt_nb.format.writer import skip_crc32
 from zckpt_nb.saving import rotation
@@ -38,13 +38,22 @@ def parse_mode(mode: str) -> SaveMode | Route:
         raise UsageError(f"save mode {mode!r} is not one of {choices}") from None
 
 
+def adapter(engine: Any) -> Any:
+    """The peft config of a peft-wrapped model (its LoRA adapter's), else None."""
+    configs = getattr(engine.module, "peft_config", None)
+    return configs.get("default") if isinstance(configs, dict) else None
+
+
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
-    """What rank 0 writes beside the checkpoints: the tokenizer (if any), and config.json (what `export` reads)."""
+    """What rank 0 writes beside the checkpoints: the tokenizer (if any), config.json and, for a peft model, its
+    adapter_config.json (what `export` reads)."""
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     config = getattr(engine.module, "config", None)
     if config is not None and hasattr(config, "save_pretrained"):
         config.save_pretrained(folder)
+    if adapter(engine) is not None:
+        adapter(engine).save_pretrained(folder)
 
 
 def save_plain(engine: Any, save_dir: Path, tag: str, step: int, state: dict[str, Any]) -> SaveOutcome:
@@ -102,7 +111,9 @@ class Checkpointer:
         """What the folder's writer does before a save (the folder, the tokenizer and config once); None elsewhere."""
         if not writes_folder(self.engine.use_node_local_storage()):
             return None
-        shared = SHARED_FILES if self.tokenizer is not None else ("config.json",)
+        wanted = {"config.json", *(SHARED_FILES[:2] if self.tokenizer is not None else ()),
+                  *((ADAPTER_CONFIG,) if adapter(self.engine) is not None else ())}
+        shared = tuple(name for name in SHARED_FILES if name in wanted)
         return partial(prepare_folder, self.output_dir, tag, partial(write_shared, self.engine, self.tokenizer),
                        shared)
 
