@@ -28,8 +28,6 @@ from zckpt_nb.format.layout import ADAPTER_CONFIG
 PEFT_PREFIX = "base_model.model."  # what a PeftModel puts before the wrapped model's names
 
 
-
-
 def is_peft(names: Iterable[str]) -> bool:
     """Are these a PeftModel's parameter names?"""
     return any(name.startswith(PEFT_PREFIX) for name in names)
