@@ -89,9 +89,14 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     held = passed_checks(nb)
     sizes = sorted(set(get["WORLD_SIZES"]))
     assert [line for line in held if "every rank's slice is" in line] == [
-        f"✓ N = {n}: every rank's slice is Σ⌈k/N⌉ = {predict('tiny', n).slice_numel:,} elements, as predicted"
+        f"✓ N = {n}: every rank's slice is Σ⌈k/N⌉ = {predict('tiny', n).slice_numel:,} elements, as predicted: "
+        f"{n * predict('tiny', n).slice_numel - predict('tiny', 1).num_params:,} padding elements in all"
         for n in sizes]
-    assert sum("held its slice plus the persistent tensors" in line for line in held) == 2
+    assert sum("held its slice plus the tensors kept whole" in line for line in held) == 2
+    for n in sizes:  # what the notebook's worker counted in the live engine: its slice (and nothing whole at 0)
+        counted = [json.loads((runs / f"n{n}" / f"rank{r}.json").read_text())["held"] for r in range(n)]
+        assert all(h["slice"] == predict("tiny", n).slice_numel for h in counted)
+        assert get["PERSISTENCE_THRESHOLD"] or all(h["whole"] == 0 for h in counted)
     assert any("same tensor bytes at both thresholds" in line for line in held)
     for n in sizes:  # the notebook's own arithmetic against the library's cost model, on the files it wrote
         info = inspect_checkpoint(runs / f"n{n}")
