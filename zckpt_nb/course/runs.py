@@ -79,8 +79,9 @@ def run(command: str, *, timeout: float, log: str | Path | None = None, echo: bo
     """Run `command` in its own process session; every process of it is killed past `timeout` s or on an interrupt.
 
     Its output is kept (and written to `log`), not printed; a failure raises a LaunchError of a few lines."""
-    if echo:
-        print(f"$ {command}", flush=True)
+    if echo:  # one write, line and newline together: jobs run by `together` echo from several threads at once
+        sys.stdout.write(f"$ {command}\n")
+        sys.stdout.flush()
     log = Path(log) if log else None
     start, lines = time.monotonic(), []
     proc = subprocess.Popen(argv(command), env=environment(command), stdout=subprocess.PIPE,
