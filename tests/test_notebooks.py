@@ -312,6 +312,7 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 09 checks every config it counts, and its chosen interval is Young's for the rates it planned with."""
     text, get = stream_text(nb), {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
     assert text.count("✓") >= len(get("CONFIGS")) + 3
+    assert "✓ bytes over rates by hand give plan's write and read seconds" in text
     if get("WRITE_GBPS") and get("COPY_GBPS"):  # the rates given, not measured: the same figures here as there
         n = get("NODES") * get("GPUS_PER_NODE")
         bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"), get("FILE_MS"))
@@ -323,7 +324,9 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         lost = {m: lost_fraction(optimal_interval(c, mtbf), c, mtbf, lag=lag, restart=get("RESTART_S"))
                 for m, (c, lag) in modes.items()}
         chosen = min(lost, key=lambda m: lost[m].total)
-        assert f"choose {chosen}, saving every {lost[chosen].interval / 60:,.1f} min of training" in text
+        minutes = lost[chosen].interval / 60  # the notebook's sig3: three significant figures
+        shown = f"{minutes:#.3g}".rstrip(".") if minutes < 1000 else f"{minutes:,.0f}"
+        assert f"choose {chosen}, saving every {shown} min of training" in text
 
 
 def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
