@@ -150,3 +150,74 @@ def test_a_malicious_pickle_in_a_forged_universal_copy_never_runs(source, tmp_pa
     with pytest.raises(CheckpointError, match="outside the allowlist") as refused:
         ensure_universal(dst, TAG)  # what a resume on another world size calls first
     assert entry["path"] in str(refused.value) and not marker.exists(), "the payload ran"
+
+
+UNIVERSAL_RESUME = """import sys
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+import zckpt_nb
+from zckpt_nb.examples.own_loop import build
+
+deepspeed.init_distributed(dist_backend="gloo")
+engine, _, _ = build("fp32", universal=True)  # DeepSpeed's "checkpoint": {"load_universal": true}
+step = zckpt_nb.resume(engine, sys.argv[1])["step"]
+with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+    if dist.get_rank() == 0:
+        torch.save({n: p.detach().clone() for n, p in engine.module.named_parameters()}, sys.argv[2])
+print(f"rank {dist.get_rank()}: resumed at step {step}", flush=True)
+"""
+
+
+def torchrun(script, nproc: int, *args) -> list[str]:
+    """`script ARGS` on `nproc` CPU ranks under torchrun, as a user runs a loop of their own; its output lines."""
+    import os
+
+    from zckpt_nb.run.launch import free_port
+
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                           "--master_port", str(free_port()), str(script), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_the_api_resumes_on_another_world_size_from_the_copy_reshard_made(tmp_path, world):
+    """A user's loop saved by zckpt_nb.save on 2 ranks, `reshard` once, then zckpt_nb.resume on `world` ranks in an
+    engine built with load_universal: every weight equals the checkpoint's (DeepSpeed's own fp32 reconstruction), and
+    the copy was reused, not converted again."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from zckpt_nb.run.launch import launch_module
+
+    saved = tmp_path / "saved"
+    launch_module("zckpt_nb.examples.own_loop", [str(saved), "--steps", "2", "--save", "zckpt"], nproc=2,
+                  timeout=300, name="own loop", verbose=False, progress=False)
+    assert cli("reshard", saved).returncode == 0
+    copy = saved / UNIVERSAL / "global_step2" / MANIFEST
+    made = copy.stat().st_mtime_ns
+    (tmp_path / "resume.py").write_text(UNIVERSAL_RESUME)
+    said = torchrun(tmp_path / "resume.py", world, saved, tmp_path / "weights.pt")
+    assert "".join(said).count("resumed at step 2") == world, said  # ranks' lines may interleave
+    assert copy.stat().st_mtime_ns == made  # reshard's copy reused
+    loaded, reference = torch.load(tmp_path / "weights.pt"), get_fp32_state_dict_from_zero_checkpoint(str(saved))
+    assert loaded.keys() == reference.keys() and all(torch.equal(loaded[k], reference[k]) for k in reference)
+
+
+def test_the_api_on_another_world_size_without_load_universal_says_what_to_do(tmp_path):
+    saved = tmp_path / "saved"
+    from zckpt_nb.run.launch import launch_module
+
+    launch_module("zckpt_nb.examples.own_loop", [str(saved), "--steps", "1", "--save", "zckpt"], nproc=2,
+                  timeout=300, name="own loop", verbose=False, progress=False)
+    script = tmp_path / "plain.py"
+    script.write_text(UNIVERSAL_RESUME.replace("universal=True", "universal=False"))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", str(script), saved,
+                           tmp_path / "w.pt"], capture_output=True, text=True, timeout=300,
+                          env=dict(__import__("os").environ, DS_ACCELERATOR="cpu"))
+    assert done.returncode != 0 and "was saved by 2 ranks; this run has 1" in done.stderr, done.stderr[-2000:]
+    assert '"load_universal": true' in done.stderr

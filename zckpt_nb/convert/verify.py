@@ -128,7 +128,8 @@ def check_fit(manifest: Manifest, tag_dir: Path, world_size: int | None, identit
     if world_size is not None and manifest.world_size != world_size:
         raise CheckpointError(
             f"{tag_dir} was saved by {manifest.world_size} ranks; this run has {world_size}. Resume with "
-            f"--nproc {manifest.world_size}, or convert it (DeepSpeed's ds_to_universal) to change the world size")
+            f"--nproc {manifest.world_size}, or load it on any number of ranks: `train --resume` converts it, and "
+            "zckpt_nb.resume does for an engine built with DeepSpeed's \"checkpoint\": {\"load_universal\": true}")
     if identity is not None and manifest.adopted:
         kind = (manifest.identity or {}).get("model_type", "causal LM")
         raise CheckpointError(f"{tag_dir} holds a `{kind}` model trained outside zckpt_nb (adopted); `train` builds "

@@ -39,9 +39,10 @@ def lora_config() -> object:
     return LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
 
 
-def build(dtype: str, freeze_embeddings: bool = False, lora: bool = False) -> tuple[object, object, dict]:
+def build(dtype: str, freeze_embeddings: bool = False, lora: bool = False,
+          universal: bool = False) -> tuple[object, object, dict]:
     """The model built partitioned (HfDeepSpeedConfig alive before from_config), wrapped in peft's LoRA with `lora`,
-    and its ZeRO-3 engine."""
+    and its ZeRO-3 engine; `universal` sets DeepSpeed's load_universal (a resume on another world size)."""
     import deepspeed
     from transformers import AutoModelForCausalLM, LlamaConfig
     from transformers.integrations import HfDeepSpeedConfig
@@ -52,7 +53,7 @@ def build(dtype: str, freeze_embeddings: bool = False, lora: bool = False) -> tu
     ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
                  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
-                 "bf16": {"enabled": dtype == "bf16"}}
+                 "bf16": {"enabled": dtype == "bf16"}, "checkpoint": {"load_universal": universal}}
     keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  (transformers reads it while building the model)
     model = AutoModelForCausalLM.from_config(config)
     model.get_input_embeddings().requires_grad_(not freeze_embeddings)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import UsageError
-from zckpt_nb.format.layout import ADAPTER_CONFIG, SHARED_FILES, tag_for, writes_folder
+from zckpt_nb.format.layout import ADAPTER_CONFIG, SHARED_FILES, UNIVERSAL, tag_for, writes_folder
 from zckpt_nb.format.records import Route, SaveMode, SaveOutcome
 from zckpt_nb.format.writer import skip_crc32
 from zckpt_nb.saving import rotation
@@ -21,7 +21,7 @@ from zckpt_nb.saving.async_save import AsyncSaver
 from zckpt_nb.saving.collective import timeout_seconds
 from zckpt_nb.saving.commit import prepare_folder, save_committed
 from zckpt_nb.saving.engine import install
-from zckpt_nb.saving.resume import agreed_resume_tag, load_verified
+from zckpt_nb.saving.resume import agreed_resume_tag, load_verified, universal_copy
 from zckpt_nb.saving.routes import save_gathered16, save_per_param
 
 ROUTE_SAVES = {Route.GATHERED16: save_gathered16, Route.PER_PARAM: save_per_param}  # the routes run in the ranks
@@ -141,6 +141,11 @@ def wait(engine: Any) -> list[SaveOutcome]:
 def resume(engine: Any, output_dir: str | Path, tag: str | None = None, *, strict: bool = True) -> dict[str, Any]:
     """Every rank: load the newest committed checkpoint (or `tag`) into `engine`, after every rank verified its own
     files against the manifest and every file was unpickled weights-only; returns the saved client state.
-    `strict=False` loads a checkpoint saved with `exclude_frozen_parameters=True` (frozen weights stay the model's)."""
+    `strict=False` loads a checkpoint saved with `exclude_frozen_parameters=True` (frozen weights stay the model's).
+    An engine built with DeepSpeed's `"checkpoint": {"load_universal": true}` loads on any world size: rank 0 verifies
+    the checkpoint and converts it once to a universal copy, or reuses the one `reshard` made."""
+    if engine.load_universal_checkpoint():
+        tag, _, _ = universal_copy(output_dir, None, tag=tag)
+        return load_verified(engine, Path(output_dir) / UNIVERSAL, tag, restore_rng=False, strict=strict)
     tag = agreed_resume_tag(output_dir, None, tag)[0]  # an explicit tag is verified too
     return load_verified(engine, output_dir, tag, strict=strict)

@@ -65,12 +65,24 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
     if gather(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None)[0] in (None, world):
         tag, note = agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
         return tag, note, Path(ckpt_dir), None
+    tag, note, record = universal_copy(ckpt_dir, identity, timeout)
+    return tag, note, Path(ckpt_dir) / UNIVERSAL, record
+
+
+def universal_copy(ckpt_dir: str | Path, identity: dict[str, Any] | None, timeout: float = 600,
+                   tag: str | None = None) -> tuple[str, str | None, dict[str, Any]]:
+    """Every rank: rank 0 verifies `tag` (default: the newest committed) and converts it to a universal copy once,
+    or reuses the copy `reshard` made; (tag, note, the copy's manifest record), or CheckpointError on every rank."""
+    import torch.distributed as dist
+
     result: dict[str, Any] = {}
     if dist.get_rank() == 0:
         try:
-            tag, note = tag_to_resume(ckpt_dir)
+            note = None
+            if tag is None:
+                tag, note = tag_to_resume(ckpt_dir)
             manifest, reused = ensure_universal(ckpt_dir, tag, identity, timeout)
-            line = describe_conversion(manifest, reused, world)
+            line = describe_conversion(manifest, reused, dist.get_world_size())
             result = {"tag": tag, "note": f"{note}; {line}" if note else line, "manifest": manifest, "reused": reused}
         except Exception as e:  # rank 0's failure, whatever it is, is every rank's verdict
             result = {"error": f"rank 0: {e if isinstance(e, CheckpointError) else first_line(e)}"}
@@ -78,7 +90,7 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
     if "error" in result:
         raise CheckpointError(result["error"])
     record = {**asdict(result["manifest"]), "reused": result["reused"]}  # what run.json records of the copy
-    return result["tag"], result["note"], Path(ckpt_dir) / UNIVERSAL, record
+    return result["tag"], result["note"], record
 
 
 def load_verified(engine: Any, load_dir: str | Path, tag: str, restore_rng: bool = True,
