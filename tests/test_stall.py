@@ -12,7 +12,8 @@ import nbformat
 import pytest
 import torch
 from conftest import procs_mentioning
-from matplotlib.ticker import StrMethodFormatter
+from matplotlib.patches import Patch
+from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
 
 from zckpt_nb.course.panel import StallPanel, probe_dir
 from zckpt_nb.course.plots import caption
@@ -37,7 +38,8 @@ def lesson() -> dict:
     """The functions notebook 06's cells define (`stalls`, `ms`, `spread_rows`, `draw`, `wins`, `chance`), without
     the cells' other lines (which read the notebook's own run)."""
     names = {"plt": plt, "statistics": statistics, "caption": caption, "itertools": itertools,
-             "StrMethodFormatter": StrMethodFormatter}
+             "StrMethodFormatter": StrMethodFormatter, "LogLocator": LogLocator, "NullFormatter": NullFormatter,
+             "Patch": Patch}
     for source in cells():
         if not source.startswith("%"):
             tree = ast.parse(source)

@@ -1,9 +1,10 @@
 """Notebook 06's panel: the stall probe the notebook wrote, run for what its cells did not measure.
 
 Pick world sizes (type any other in `add N`), save modes, a preset and the repeats; **Run what is missing** starts one
-`torchrun` job per world size without timings, in a background thread so the kernel stays free, and **Stop** kills
-every process of it. The chart and the table are drawn by the notebook's own functions (`draw`, `rows`), so what the
-panel shows is computed the way the cells teach. Widget updates from the thread are plain trait assignments.
+`torchrun` job per world size without timings, in a background thread so the kernel stays free, then draws every
+world size selected side by side (nothing is drawn before: the notebook's cells show their own run), and **Stop**
+kills every process of it. The chart and the table are drawn by the notebook's own functions (`draw`, `rows`), so
+what the panel shows is computed the way the cells teach. Widget updates from the thread are plain trait assignments.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class StallPanel:
         self.add_button.on_click(self.add_size)
         self.shown: dict[int, Records] = {}  # what the chart and table show, by world size
         self._stop, self._thread = threading.Event(), None
+        self.status.value = f"nothing drawn yet; Run what is missing times N = {listed(self.pending())}, then draws"
 
     def folder(self, n: int) -> Path:
         return probe_dir(self.root, self.model.value, self.dtype, self.threshold, n)
