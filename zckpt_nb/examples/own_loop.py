@@ -2,7 +2,7 @@
 trained with DeepSpeed ZeRO-3 alone, no part of this package in the loop.
 
     torchrun --nproc_per_node 2 -m zckpt_nb.examples.own_loop OUT [--steps 6] [--dtype bf16] [--save deepspeed]
-        [--freeze_embeddings] [--exclude_frozen] [--lora]
+        [--freeze_embeddings] [--exclude_frozen] [--lora] [--accumulation G]
 
 `--save deepspeed` ends with DeepSpeed's own `engine.save_checkpoint(OUT)` on every rank (the rank-0 guard only around
 the folder and `config.json`): a checkpoint without a manifest, which `python -m zckpt_nb adopt OUT` takes in.
@@ -39,10 +39,11 @@ def lora_config() -> object:
     return LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
 
 
-def build(dtype: str, freeze_embeddings: bool = False, lora: bool = False,
-          universal: bool = False) -> tuple[object, object, dict]:
+def build(dtype: str, freeze_embeddings: bool = False, lora: bool = False, universal: bool = False,
+          accumulation: int = 1) -> tuple[object, object, dict]:
     """The model built partitioned (HfDeepSpeedConfig alive before from_config), wrapped in peft's LoRA with `lora`,
-    and its ZeRO-3 engine; `universal` sets DeepSpeed's load_universal (a resume on another world size)."""
+    and its ZeRO-3 engine; `universal` sets DeepSpeed's load_universal (a resume on another world size),
+    `accumulation` its gradient_accumulation_steps (each loop step is then one micro-batch)."""
     import deepspeed
     from transformers import AutoModelForCausalLM, LlamaConfig
     from transformers.integrations import HfDeepSpeedConfig
@@ -50,7 +51,7 @@ def build(dtype: str, freeze_embeddings: bool = False, lora: bool = False,
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                          tie_word_embeddings=False)
-    ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": accumulation,
                  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
                  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "torch_adam": True}},
                  "bf16": {"enabled": dtype == "bf16"}, "checkpoint": {"load_universal": universal}}
@@ -81,9 +82,10 @@ def main() -> None:
     parser.add_argument("--freeze_embeddings", action="store_true")
     parser.add_argument("--exclude_frozen", action="store_true")
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--accumulation", type=int, default=1, help="gradient_accumulation_steps")
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
-    engine, config, _ = build(args.dtype, args.freeze_embeddings, args.lora)
+    engine, config, _ = build(args.dtype, args.freeze_embeddings, args.lora, accumulation=args.accumulation)
     rank, start = dist.get_rank(), 0
     if args.resume:
         start = zckpt_nb.resume(engine, args.out, strict=not args.exclude_frozen)["step"]

@@ -91,6 +91,7 @@ class SaveOutcome(Record):
     snapshot_bytes: int = 0  # asynchronous: host memory this rank held until its files were written
     pinned_bytes: int | None = None  # asynchronous on GPU ranks: pinned host memory held after the snapshot
     durable_at: float | None = None  # asynchronous: time.perf_counter() of this process at the commit
+    pending_micro_batches: int = 0  # trained since the last optimizer step: not in the checkpoint
 
     @property
     def in_flight(self) -> bool:

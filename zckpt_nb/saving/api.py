@@ -8,6 +8,8 @@ is a `SaveMode` (as torchtitan's `CheckpointManager.save` takes an `AsyncMode`),
 from __future__ import annotations
 
 import time
+import warnings
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,15 @@ def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
         adapter(engine).save_pretrained(folder)
 
 
+PENDING_KEY = "zckpt_pending_micro_batches"  # the client state's record of a save made mid-accumulation
+
+
+def pending_micro_batches(engine: Any) -> int:
+    """Micro-batches trained since the engine's last optimizer step: their gradients are in no checkpoint."""
+    managed = getattr(engine, "managed_gradient_accumulation", lambda: True)()
+    return engine.micro_steps % engine.gradient_accumulation_steps() if managed else 0
+
+
 def save_plain(engine: Any, save_dir: Path, tag: str, step: int, state: dict[str, Any]) -> SaveOutcome:
     """DeepSpeed's save alone (its own engine's files): no fsync, no hash, no manifest; rank 0 moves `latest`."""
     start = time.perf_counter()
@@ -84,6 +95,18 @@ class Checkpointer:
         """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank. A failed
         write does not raise: `.committed` is False and `.error` the same line on every rank."""
         state, tag = dict(client_state or {}), tag_for(step)
+        pending = pending_micro_batches(self.engine)
+        if pending:  # in the checkpoint (resume hands it back), in the outcome, and said once on rank 0
+            state[PENDING_KEY] = pending
+            if self.engine.global_rank == 0:
+                warnings.warn(f"{tag}: saved after {pending} of {self.engine.gradient_accumulation_steps()} "
+                              f"micro-batches of optimizer step {self.engine.global_steps + 1}; their gradients are "
+                              "not saved, so a resume trains them again (save right after the engine.step() that "
+                              "ends an accumulation)", stacklevel=2)
+        return replace(self.saved(step, tag, state), pending_micro_batches=pending)
+
+    def saved(self, step: int, tag: str, state: dict[str, Any]) -> SaveOutcome:
+        """The save itself, in this checkpointer's mode."""
         if self.mode in ROUTE_SAVES:
             start = time.perf_counter()
             ROUTE_SAVES[self.mode](self.engine, self.output_dir)
