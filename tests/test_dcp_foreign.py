@@ -212,3 +212,18 @@ def test_an_adopted_checkpoint_goes_to_dcp_and_back_exactly(adopted: Path, tmp_p
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
     masters = get_fp32_state_dict_from_zero_checkpoint(str(adopted), "global_step4")
     assert all(torch.equal(a[f"model.{k}"], v) for k, v in masters.items())
+
+
+def test_the_plain_fsdp2_load_script_reads_a_foreign_llama_checkpoint(written: Path, reference: dict,
+                                                                      tmp_path: Path) -> None:
+    """examples/fsdp2_load.py (nothing of zckpt_nb) on the writer's nested {"model", "optim"} Llama checkpoint, on 2
+    ranks: every weight and both Adam moments equal the writer's."""
+    launch_module("zckpt_nb.examples.fsdp2_load", [str(written / "nested" / "global_step3"), str(written / "config"),
+                                                   str(tmp_path / "loaded.pt")], nproc=2, timeout=300,
+                  name="fsdp2_load", verbose=False, progress=False)
+    loaded = torch.load(tmp_path / "loaded.pt", weights_only=False)
+    assert sorted(loaded["model"]) == sorted(reference["model"])
+    for name, weight in reference["model"].items():
+        state, got = reference["optim"]["state"][name], loaded["optimizer"]["state"][name]
+        assert torch.equal(loaded["model"][name], weight), name
+        assert all(torch.equal(got[m], state[m]) for m in ("exp_avg", "exp_avg_sq")) and got["step"] == STEP, name
