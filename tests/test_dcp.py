@@ -221,3 +221,11 @@ def test_from_dcp_refuses_bad_input_in_one_line(converted: Path, tmp_path: Path)
                                else ["--config", "tiny"])], capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_export_of_from_dcp_output_says_how_to_get_a_save_it_reads(back_to_zero: Path, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(back_to_zero), str(tmp_path / "hf")],
+                          capture_output=True, text=True, timeout=120)
+    line = done.stderr.strip()
+    assert done.returncode != 0 and "\n" not in line and "converted back from the DCP checkpoint" in line, line
+    assert "load_universal" in line and not (tmp_path / "hf").exists()

@@ -62,6 +62,11 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None 
                          f"DeepSpeed wrote without zckpt_nb, first run: python -m zckpt_nb adopt {ckpt_dir} "
                          f"--tag {tag}")
     check_manifest(ckpt_dir, tag)
+    came_from = read_manifest(ckpt_dir / tag).from_dcp
+    if came_from:  # world size 0: DeepSpeed's universal copy only, which export does not read
+        raise UsageError(f"{ckpt_dir / tag} was converted back from the DCP checkpoint {came_from} (from-dcp) and "
+                         "holds no rank files, only a universal copy: resume it (train --resume, or zckpt_nb.resume "
+                         "with DeepSpeed's load_universal), save, and export that save")
     model_config(ckpt_dir, config)  # raises UsageError when there is nothing to rebuild the model from
     return tag
 
