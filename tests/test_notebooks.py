@@ -42,7 +42,7 @@ MATRIX = [
             "REPEATS": 4}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
             "NODE_STEPS": 2, "DTYPE": "bf16"}),
-    ("08", {"NPROC": 3, "DTYPE": "bf16", "STEPS": 3, "DROP_RANK": 0, "DROP_FILE": "model_states"}),
+    ("08", {"NPROC": 2, "DTYPE": "bf16", "STEPS": 3, "DROP_RANK": 0, "DROP_FILE": "model_states"}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0, "COPY_GBPS": 5.0,
             "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0, "FS_CAP_GBPS": 50.0}),

@@ -124,7 +124,8 @@ def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
     """Build preset `name` partitioned across ranks; (model, the HfDeepSpeedConfig to keep alive with the engine).
 
     Under transformers 5 the HfDeepSpeedConfig must be alive before `from_config`: transformers then builds inside
-    `deepspeed.zero.Init` and runs its weight init on the partitioned tensors (`build_model_bare` shows the trap).
+    `deepspeed.zero.Init` and initialises each module gathered whole on rank 0 (`initialize_weights_zero3`), which
+    DeepSpeed re-partitions (`build_model_bare` shows the trap).
     """
     from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
@@ -136,7 +137,8 @@ def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
 
 def build_model_bare(name: str, config: dict[str, Any]) -> tuple[Any, None]:
     """The trap (`--init bare_zero_init`): `from_config` inside a bare `deepspeed.zero.Init`; transformers 5 skips its
-    weight init and training starts from whatever memory held (step-0 loss ~41, not ln(vocab))."""
+    weight init, so the weights keep PyTorch's defaults (embeddings N(0, 1), not N(0, 0.02)) and the first loss is
+    several times ln(vocab)."""
     import deepspeed
     from transformers import AutoModelForCausalLM
 
