@@ -38,6 +38,8 @@ from zckpt_nb.format.sizes import ADAM_STATES, FP32, fixed_tensor_bytes, padding
 from zckpt_nb.model import PRESETS, ds_config, meta_model
 from zckpt_nb.plan.files import module_file_bytes, package_client
 
+OFFLINE_SHARD_BYTES = 5 * 10**9  # zero_to_fp32's max_shard_size="5GB" (huggingface_hub reads GB as 10**9)
+
 TAG_CHECK_BYTES = 2 * 20  # save_checkpoint's tag validation: MAX and MIN all-reduce of a SHA-1 digest
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
@@ -152,10 +154,13 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
                  memory=(full, Memory("two buffers of the largest module, gathered", 2 * module, 2 * module, True))),
         SaveCost("per_param", b * p, ops=nonzero({"all_gather_into_tensor": gather_bytes(released, n, b)}),
                  memory=(full, Memory("buffers of the largest tensor, gathered", tensor, 2 * tensor, True))),
-        # zero_to_fp32 maps every optimizer file, drops the moments unread, joins the ranks' flat fp32 partitions
-        # and cuts the state dict out of them: it reads the fp32 master slices only
+        # zero_to_fp32 maps every optimizer file and drops the moments unread: it reads the fp32 master slices only.
+        # convert_zero_checkpoint_to_fp32_state_dict runs it with lazy_mode=True and builds one output shard
+        # (max_shard_size, 5 GB) at a time, each tensor joined from the mapped slices (torch.cat of its N padded
+        # pieces): the peak is one shard plus the largest tensor being joined, not the whole model
         SaveCost("offline", FP32 * p, read_bytes=FP32 * s * n,
-                 memory=(Memory("fp32 state dict", FP32 * p), Memory("joined flat fp32 partitions", FP32 * n * s))),
+                 memory=(Memory("one output shard (max_shard_size)", min(FP32 * p, OFFLINE_SHARD_BYTES)),
+                         Memory("largest tensor, joined from N padded slices", FP32 * math.ceil(max(numels) / n) * n))),
         SaveCost("hf", FP32 * p, read_bytes=shard * n),  # every byte hashed first; then streamed, nothing built
     ]
     files = file_bytes(name, n, persistence_threshold=persistence_threshold, dtype=dtype) if name in PRESETS else None

@@ -96,7 +96,7 @@ class PlannedSave:
     seconds: dict[str, float]  # by kind of work: write, read, net, steps, files
     stall_s: float
     durable_s: float
-    resumable: bool  # holds the optimizer state: training can resume from it
+    resumable: bool  # holds the optimizer state: training can resume from it (offline's fp32 file does not)
 
 
 def plan(name: str, n: int, bw: Bandwidths, dtype: str = "bf16", persistence_threshold: int = 0,
@@ -112,5 +112,5 @@ def plan(name: str, n: int, bw: Bandwidths, dtype: str = "bf16", persistence_thr
         own = sum(terms[route].values())
         rows.append(PlannedSave(route, n, pred.saves[route].written_bytes, pred.saves[route].extra_peak_bytes(0),
                                 terms[route], save if route == "offline" else own,
-                                save + own if route == "offline" else own, route in ("partitioned", "offline")))
+                                save + own if route == "offline" else own, route == "partitioned"))
     return rows
