@@ -1,16 +1,19 @@
 """A training loop of your own, as a researcher writes it: a tiny Llama (grouped-query attention, an untied head)
-trained with DeepSpeed ZeRO-3 alone, no part of this package in the loop.
+trained with DeepSpeed ZeRO-3 alone: `--save deepspeed` (the default) and `--resume deepspeed` use no part of this
+package.
 
     torchrun --nproc_per_node 2 -m zckpt_nb.examples.own_loop OUT [--steps 6] [--dtype bf16] [--save deepspeed]
-        [--freeze_embeddings] [--exclude_frozen] [--lora] [--accumulation G]
+        [--save_at K] [--resume [zckpt|deepspeed]] [--freeze_embeddings] [--exclude_frozen] [--lora] [--accumulation G]
 
 `--save deepspeed` ends with DeepSpeed's own `engine.save_checkpoint(OUT)` on every rank (the rank-0 guard only around
 the folder and `config.json`): a checkpoint without a manifest, which `python -m zckpt_nb adopt OUT` takes in.
-`--save zckpt` saves through `zckpt_nb.save` (commit protocol, no tokenizer, no scheduler) and `--resume` continues
-from `zckpt_nb.resume`. `--fail_preparing` hands `zckpt_nb.save` a tokenizer whose `save_pretrained` raises on the
-folder's writer: every rank must report the same failed save, none may hang. `--lora` trains peft's LoRA adapters
-(r=4) on the attention projections, the base weights frozen, and saves the run's `adapter_config.json` beside the
-checkpoint, as `LoraConfig.save_pretrained` writes it.
+`--save_at K` saves after step K and trains on (default: after the last step); `--save none` does not save.
+`--resume deepspeed` continues from DeepSpeed's own `engine.load_checkpoint(OUT)` (the tag `latest` names).
+`--save zckpt` saves through `zckpt_nb.save` (commit protocol, no tokenizer, no scheduler) and `--resume` (or
+`--resume zckpt`) continues from `zckpt_nb.resume`. `--fail_preparing` hands `zckpt_nb.save` a tokenizer whose
+`save_pretrained` raises on the folder's writer: every rank must report the same failed save, none may hang. `--lora`
+trains peft's LoRA adapters (r=4) on the attention projections, the base weights frozen, and saves the run's
+`adapter_config.json` beside the checkpoint, as `LoraConfig.save_pretrained` writes it.
 """
 
 from __future__ import annotations
@@ -76,8 +79,9 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--save", default="deepspeed", choices=["deepspeed", "zckpt"])
-    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--save", default="deepspeed", choices=["deepspeed", "zckpt", "none"])
+    parser.add_argument("--save_at", type=int, help="save after this step and train on (default: after the last)")
+    parser.add_argument("--resume", nargs="?", const="zckpt", choices=["zckpt", "deepspeed"])
     parser.add_argument("--fail_preparing", action="store_true")
     parser.add_argument("--freeze_embeddings", action="store_true")
     parser.add_argument("--exclude_frozen", action="store_true")
@@ -87,30 +91,40 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     engine, config, _ = build(args.dtype, args.freeze_embeddings, args.lora, accumulation=args.accumulation)
     rank, start = dist.get_rank(), 0
-    if args.resume:
+    if args.resume == "deepspeed":  # DeepSpeed alone: every rank reads its own files of the tag `latest` names
+        _, client_state = engine.load_checkpoint(args.out, load_module_strict=not args.exclude_frozen)
+        start = client_state["step"]
+        print(f"rank {rank}: resumed at step {start}", flush=True)
+    elif args.resume:
         start = zckpt_nb.resume(engine, args.out, strict=not args.exclude_frozen)["step"]
         print(f"rank {rank}: resumed at step {start}", flush=True)
+
+    def save(step: int) -> None:
+        if args.save == "deepspeed":
+            if rank == 0:  # only the folder and the config: the save itself is collective
+                os.makedirs(args.out, exist_ok=True)
+                config.save_pretrained(args.out)
+                if args.lora:
+                    engine.module.peft_config["default"].save_pretrained(args.out)  # adapter_config.json
+            engine.save_checkpoint(args.out, client_state={"step": step},  # every rank
+                                   exclude_frozen_parameters=args.exclude_frozen)
+        elif args.save == "zckpt":
+            tokenizer = BrokenTokenizer() if args.fail_preparing else None
+            outcome = zckpt_nb.save(engine, args.out, step=step, tokenizer=tokenizer, client_state={"step": step})
+            said = f"; {outcome.error}" if outcome.error else ""
+            print(f"rank {rank}: save {outcome.tag}: committed {outcome.committed}{said}", flush=True)
+
     for step in range(start, args.steps):
         torch.manual_seed(1000 * step + rank)  # this rank's batch of this step
         ids = torch.randint(0, config.vocab_size, (2, 32))
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-        print(f"rank {rank}: step {step + 1} loss {loss.item():.4f}", flush=True)
-    if args.save == "deepspeed":
-        if rank == 0:  # only the folder and the config: the save itself is collective
-            os.makedirs(args.out, exist_ok=True)
-            config.save_pretrained(args.out)
-            if args.lora:
-                engine.module.peft_config["default"].save_pretrained(args.out)  # adapter_config.json
-        engine.save_checkpoint(args.out, client_state={"step": args.steps},  # every rank
-                               exclude_frozen_parameters=args.exclude_frozen)
-    else:
-        tokenizer = BrokenTokenizer() if args.fail_preparing else None
-        outcome = zckpt_nb.save(engine, args.out, step=args.steps, tokenizer=tokenizer,
-                                client_state={"step": args.steps})
-        said = f"; {outcome.error}" if outcome.error else ""
-        print(f"rank {rank}: save {outcome.tag}: committed {outcome.committed}{said}", flush=True)
+        print(f"rank {rank}: step {step + 1} loss {loss.item()!r}", flush=True)  # repr: exact, to compare
+        if step + 1 == args.save_at:
+            save(step + 1)
+    if args.save_at is None:
+        save(args.steps)
     dist.barrier()
     dist.destroy_process_group()
 
