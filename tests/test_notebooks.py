@@ -274,7 +274,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (25 if get("GATHER_16BIT") else 26), held
+    assert len(held) == (27 if get("GATHER_16BIT") else 28), held
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
     predicted = sum(-(-s.numel() // nproc) for group in shapes for s in group.values())
     slices = [sum(t.numel() for t in safe_load(p)["optimizer_state_dict"]["fp32_flat_groups"])
@@ -288,6 +288,9 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert [r for r in range(nproc) if not list(broken.glob(f"*rank_{r}_*{kind}.pt"))] == [dropped]
     assert not (broken / "zckpt_manifest.json").exists()
     assert f"✓ its refusal names what is missing: rank {dropped}'s {kind.split('_')[0]} states" in held
+    own = [dict(re.findall(r"(rank \d+: step \d+) loss (\S+)", (runs / log).read_text()))
+           for log in ("raw.log", "raw_resumed.log")]  # the own loop, then its resume by DeepSpeed's load_checkpoint
+    assert len(own[1]) == 2 * nproc and all(own[0][key] == loss for key, loss in own[1].items())
 
     def exact(export_dir: Path, ckpt_dir: Path, ckpt_tag: str) -> int:
         exported = {k: v for f in export_dir.glob("*.safetensors") for k, v in load_file(f).items()}
