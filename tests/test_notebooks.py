@@ -172,7 +172,8 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 06 timed every save of every mode on every rank, in the dtype it resolved, after one save per mode
     kept apart; its tie table calls each pair of modes as the exact test on those timings does, at 5% over the number
-    of pairs (Bonferroni); DeepSpeed's decoupled writer was timed in a launch of its own."""
+    of pairs (Bonferroni); DeepSpeed's decoupled writer was timed in a launch of its own, waiting once per save in its
+    commit; N + 1 ranks timed every save too."""
     get = {**parameter_defaults(BY_PREFIX["06"]), **parameters}.get
     n, modes, dtype = get("NPROC"), get("SAVE_MODES"), lesson_dtype(get("DTYPE"))
     folder = probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), n)
@@ -205,7 +206,13 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     decoupled = read(folder / "deepspeed_decoupled", "timings")
     assert sorted((r["mode"], r["repeat"], r["rank"]) for r in decoupled) == sorted(
         ("decoupled", i, rank) for i in range(get("REPEATS")) for rank in range(n))
-    assert all(r["durable_s"] is None and r["wait_s"] > 0 for r in decoupled)
+    assert all(r["durable_s"] is None and r["commits"] == 1 for r in decoupled)  # one wait in the writer's commit
+    bigger = n + 1  # section 6: the same probe on one rank more
+    more = [r for rank in range(bigger) for r in json.loads(
+        (probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), bigger) / f"timings_rank{rank}.json")
+        .read_text())]
+    assert sorted((r["mode"], r["repeat"], r["rank"]) for r in more) == sorted(
+        (m, i, rank) for m in modes for i in range(get("REPEATS")) for rank in range(bigger))
 
 
 def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
