@@ -120,7 +120,7 @@ def main() -> None:
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-        print(f"rank {rank}: step {step + 1} loss {loss.item()!r}", flush=True)  # repr: exact, to compare
+        print(f"rank {rank}: step {step + 1} loss {loss.item()!r}\n", end="", flush=True)  # repr: exact; one write
         if step + 1 == args.save_at:
             save(step + 1)
     if args.save_at is None:
