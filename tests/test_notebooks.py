@@ -134,8 +134,9 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 03 checked bf16, the frozen saves and the three warm-start loads, on the files it wrote."""
     get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == 14, held
+    assert len(held) == 15, held
     assert any(f"got {get['LOAD_TAG']}'s weights exactly" in line for line in held)
+    assert any("the recovery, frozen weights from their own init" in line for line in held)
     nproc, tag = get["NPROC"], get["LOAD_TAG"]
     loads = [json.loads((runs / "warm" / f"loads_rank{rank}.json").read_text()) for rank in range(nproc)]
     trap = [load["load_optimizer_states=False"] for load in loads]  # its fp32 state dict, then every parameter gathered
@@ -154,8 +155,9 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     from safetensors.torch import load_file
 
     held = passed_checks(nb)
-    assert len(held) == 10, held
+    assert len(held) == 11, held
     assert any("equal the working weights: every route holds the weights it should" in line for line in held)
+    assert json.loads((runs / "run_flag_off.json").read_text()) == {"returned": False, "files": []}
     dtype = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["DTYPE"]
     assert any(f"in {dtype}, the masters and the working weights are" in line for line in held)
     exported = {k: v for f in (runs / "route_4").glob("*.safetensors") for k, v in load_file(f).items()}
