@@ -236,6 +236,9 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     dtype, tag = lesson_dtype(get("DTYPE")), tag_for(get("RESUME_STEP"))
     base = RunResult.from_dir(runs / "uninterrupted", [], 0.0)
     assert (base.world_size, base.dtype, base.global_batch) == (source, dtype, get("GLOBAL_BATCH") or 16)
+    worlds = {source, *get("TARGET_NPROCS")}  # section 1: train_step's weights add up to 1 on each world size
+    summed = "micro-steps' weights after DeepSpeed's 1/gas and 1/world add up to 1"
+    assert sum(summed in line for line in held) == len(worlds)
 
     trap = (runs / "trap" / "launch.log").read_text()
     assert "used a DP world size of" in trap and not (runs / "trap" / "run.json").exists()
