@@ -120,9 +120,15 @@ def test_export_merge_writes_a_plain_model_with_the_trained_logits(run, trained,
 
 
 def test_a_lora_run_without_its_adapter_config_is_refused(run, tmp_path):
+    """A LoRA run saved without its adapter_config.json (and adopted so): export asks for it in one line. (Deleting the
+    file from an adopted folder is another fault: the manifest lists it, so verify names it missing.)"""
     bare = tmp_path / "bare"
-    shutil.copytree(run, bare, ignore=shutil.ignore_patterns("adapter_config.json"))
+    shutil.copytree(run, bare, ignore=shutil.ignore_patterns("adapter_config.json", "zckpt_manifest.json"))
+    assert cli("adopt", bare).returncode == 0
     refused(cli("export", bare, tmp_path / "out"), "--adapter_config", "adapter_config.json")
+    assert not (tmp_path / "out").exists()
+    missing = shutil.copytree(run, tmp_path / "missing", ignore=shutil.ignore_patterns("adapter_config.json"))
+    refused(cli("export", missing, tmp_path / "out"), "adapter_config.json")
     assert not (tmp_path / "out").exists()
 
 
