@@ -54,6 +54,27 @@ def markdown_displays(nb: nbformat.NotebookNode) -> int:
     return sum(c.source.count("Markdown(") for c in nb.cells if c.cell_type == "code")
 
 
+def discarded_tables(nb: nbformat.NotebookNode) -> list[int]:
+    """Code cells with a `table(...)` call that is not the cell's last expression: Jupyter shows only the last
+    expression's value, so such a table is built and never drawn (it must be passed to `display`)."""
+    import ast
+
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "table(" not in cell.source:
+            continue
+        body = ast.parse("\n".join(line for line in cell.source.splitlines() if not line.startswith(("%", "!")))).body
+        if any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+               and getattr(node.value.func, "id", None) == "table" for node in body[:-1]):
+            found.append(index)
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_table_a_cell_builds_is_drawn(path):
+    assert not discarded_tables(nbformat.read(path, as_version=4)), path.name
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_each_notebook_ends_with_exercises_whose_answers_are_folded_then_a_summary(path):
     nb = nbformat.read(path, as_version=4)
