@@ -160,6 +160,7 @@ import torch.distributed as dist
 
 import zckpt_nb
 from zckpt_nb.examples.own_loop import build
+from zckpt_nb.run import lifeline
 
 deepspeed.init_distributed(dist_backend="gloo")
 engine, _, _ = build("fp32", universal=True)  # DeepSpeed's "checkpoint": {"load_universal": true}
@@ -168,6 +169,8 @@ with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
     if dist.get_rank() == 0:
         torch.save({n: p.detach().clone() for n, p in engine.module.named_parameters()}, sys.argv[2])
 print(f"rank {dist.get_rank()}: resumed at step {step}", flush=True)
+dist.barrier()
+lifeline.leave(0)  # no interpreter teardown, where a gloo thread can abort a finished rank (SIGABRT)
 """
 
 
