@@ -92,11 +92,10 @@ def main() -> None:
     engine, config, _ = build(args.dtype, args.freeze_embeddings, args.lora, accumulation=args.accumulation)
     rank, start = dist.get_rank(), 0
     if args.resume == "deepspeed":  # DeepSpeed alone: every rank reads its own files of the tag `latest` names
-        _, client_state = engine.load_checkpoint(args.out, load_module_strict=not args.exclude_frozen)
-        start = client_state["step"]
-        print(f"rank {rank}: resumed at step {start}", flush=True)
+        start = engine.load_checkpoint(args.out, load_module_strict=not args.exclude_frozen)[1]["step"]
     elif args.resume:
         start = zckpt_nb.resume(engine, args.out, strict=not args.exclude_frozen)["step"]
+    if args.resume:
         print(f"rank {rank}: resumed at step {start}", flush=True)
 
     def save(step: int) -> None:

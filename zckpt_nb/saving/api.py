@@ -54,8 +54,9 @@ def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
     config = getattr(engine.module, "config", None)
     if config is not None and hasattr(config, "save_pretrained"):
         config.save_pretrained(folder)
-    if adapter(engine) is not None:
-        adapter(engine).save_pretrained(folder)
+    peft = adapter(engine)
+    if peft is not None:
+        peft.save_pretrained(folder)
 
 
 PENDING_KEY = "zckpt_pending_micro_batches"  # the client state's record of a save made mid-accumulation
