@@ -168,15 +168,21 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
 
 def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
-    """Notebook 05 checked its hang, its two killed saves, its manifest and its resume; the files agree."""
+    """Notebook 05 checked its hand-written commit, its hang, its two killed saves, its manifest and its resume
+    through a full disk; the files agree."""
     get = {**parameter_defaults(BY_PREFIX["05"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == (18 if get["NPROC"] > 1 else 13), held
+    assert len(held) == (22 if get["NPROC"] > 1 else 17), held
+    mine = json.loads((runs / "first_job" / "mine" / "global_step1" / "manifest.json").read_text())["files"]
+    package = read_manifest(runs / "first_job" / "package" / "global_step1").files
+    assert sorted((f["path"], f["rank"]) for f in mine) == sorted((f.path, f.rank) for f in package)
+    assert len(mine) == 2 * get["NPROC"]
     assert (runs / "commit" / "latest").read_text().strip() == tag_for(get["SAVE_EVERY"])  # the save before the crash
     if get["NPROC"] > 1:  # DeepSpeed's load_checkpoint followed `latest`: the killed rank's file was missing
         assert f"rank {get['NPROC'] - 1} failed: FileNotFoundError" in (runs / "load_latest.log").read_text()
-    kept = committed_tags(runs / "resumed")
-    assert len(kept) == min(get["KEEP_LAST"], get["STEPS"] // get["SAVE_EVERY"]) and kept[-1] == tag_for(get["STEPS"])
+    kept = committed_tags(runs / "resumed")  # the resumed run's save at 2 x SAVE_EVERY failed on the full disk
+    assert len(kept) == min(get["KEEP_LAST"], get["STEPS"] // get["SAVE_EVERY"] - 1)
+    assert kept[-1] == tag_for(get["STEPS"])
 
 
 def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
