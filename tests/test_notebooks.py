@@ -273,9 +273,9 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert worst <= tolerance
     assert (f"✓ every resumed loss is within {tolerance:.1e} of the uninterrupted run's ({dtype}): the same "
             f"optimisation  (largest difference {worst:.1e})") in held
-    printed = (re.search(r"^step (\d+) loss (\S+)$", line)
-               for line in (runs / "resume_other_seed.log").read_text().splitlines())
-    control = {int(m[1]): float(m[2]) for m in printed if m}  # the negative control: other batches
+    printed = (re.search(r"^control step (\d+) loss (\S+)$", line)
+               for line in (runs / "resume_deepspeed.log").read_text().splitlines())
+    control = {int(m[1]): float(m[2]) for m in printed if m}  # the negative control: other batches, same launch
     assert sorted(control) == wanted
     off = max(abs(control[s] - full[s]) for s in wanted)
     assert off > tolerance and any(line.startswith(f"✓ the negative control fails the same test: the resume on other "
@@ -294,6 +294,8 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 08's checks, recomputed from the files and logs its runs left: each rank's slice, the copy with a file
     dropped, every export against DeepSpeed's own fp32 reconstruction, Trainer's and accelerate's resumes."""
+    assert any(line.startswith("✓ every rank's piece cut by hand equals what DeepSpeed's loader gave it")
+               for line in held)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from safetensors.torch import load_file
 
@@ -314,9 +316,9 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert [r for r in range(nproc) if not list(broken.glob(f"*rank_{r}_*{kind}.pt"))] == [dropped]
     assert not (broken / "zckpt_manifest.json").exists()
     assert f"✓ its refusal names what is missing: rank {dropped}'s {kind.split('_')[0]} states" in held
-    own = [dict(re.findall(r"(rank \d+: step \d+) loss (\S+)", (runs / log).read_text()))
-           for log in ("raw.log", "raw_resumed.log")]  # the own loop, then its resume by DeepSpeed's load_checkpoint
-    assert len(own[1]) == 2 * nproc and all(own[0][key] == loss for key, loss in own[1].items())
+    assert "✓ by hand, the broken copy is refused, naming the file adopt named" in held  # adopt's core, in a cell
+    assert any(line.startswith("✓ by hand, the checkpoint passes, and every rank file's SHA-256 equals")
+               for line in held)
 
     def exact(export_dir: Path, ckpt_dir: Path, ckpt_tag: str) -> int:
         exported = {k: v for f in export_dir.glob("*.safetensors") for k, v in load_file(f).items()}
