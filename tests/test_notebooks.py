@@ -94,17 +94,20 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         for n in sizes]
     assert sum("held its slice plus the tensors kept whole" in line for line in held) == 2
     for n in sizes:  # what the notebook's worker counted in the live engine: its slice (and nothing whole at 0)
-        counted = [json.loads((runs / f"n{n}" / f"rank{r}.json").read_text())["held"] for r in range(n)]
+        folder = runs / f"n{n}" / f"threshold_{get['PERSISTENCE_THRESHOLD']}"  # one checkpoint per threshold
+        counted = [json.loads((folder / f"rank{r}.json").read_text())["held"] for r in range(n)]
         assert all(h["slice"] == predict("tiny", n).slice_numel for h in counted)
         assert get["PERSISTENCE_THRESHOLD"] or all(h["whole"] == 0 for h in counted)
     assert any("same tensor bytes at both thresholds" in line for line in held)
     assert any("both fixes and safeload.load read the same fp32 slice" in line for line in held)  # plain torch.load
+    prefix = "bf16_" if get["DTYPE"] == "bf16" else ""  # CPU ranks: "auto" is fp32
+    assert any(f"every optimizer file is named {prefix}zero_pp_rank_" in line for line in held)
     other = 100_000 if get["OTHER_THRESHOLD"] is None else get["OTHER_THRESHOLD"]  # None: DeepSpeed's default
     thresholds = {get["PERSISTENCE_THRESHOLD"], other}
     gathers = sum(t >= 112 for t in thresholds) if get["THRESHOLD_NPROC"] > 1 else 0  # tiny's smallest tensor: 112
     assert sum("all-gather bytes on rank 0" in line for line in held) == gathers  # the comms logger's bytes
     for n in sizes:  # the notebook's own arithmetic against the library's cost model, on the files it wrote
-        info = inspect_checkpoint(runs / f"n{n}")
+        info = inspect_checkpoint(runs / f"n{n}" / f"threshold_{get['PERSISTENCE_THRESHOLD']}")
         assert {s.partition_numel for s in info.ranks} == {predict("tiny", n).slice_numel}
 
 
