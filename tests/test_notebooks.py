@@ -223,15 +223,16 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         assert re.search(rf"{a}\s+{b}\s+\S+\s+{wins:g} of {len(xs) * len(ys)}\s+\S+\s+{verdict}", text), \
             (a, b, wins, verdict)
     decoupled = read(folder / "deepspeed_decoupled", "timings")
+    side = min(get("REPEATS"), 3)  # sections 5 and 6 are read side by side, with at most 3 repeats
     assert sorted((r["mode"], r["repeat"], r["rank"]) for r in decoupled) == sorted(
-        ("decoupled", i, rank) for i in range(get("REPEATS")) for rank in range(n))
+        ("decoupled", i, rank) for i in range(side) for rank in range(n))
     assert all(r["durable_s"] is None and r["commits"] == 1 for r in decoupled)  # one wait in the writer's commit
     bigger = n + 1  # section 6: the same probe on one rank more
     more = [r for rank in range(bigger) for r in json.loads(
         (probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), bigger) / f"timings_rank{rank}.json")
         .read_text())]
     assert sorted((r["mode"], r["repeat"], r["rank"]) for r in more) == sorted(
-        (m, i, rank) for m in modes for i in range(get("REPEATS")) for rank in range(bigger))
+        (m, i, rank) for m in modes for i in range(side) for rank in range(bigger))
 
 
 def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
