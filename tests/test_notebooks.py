@@ -118,7 +118,7 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert len([line for line in held if "resume" in line]) == 4, held  # losses, LRs, steps, optimizer tensors
     assert any("plus less than 8 KiB" in line for line in held)  # each optimizer file against 12 B per element
     assert get["NPROC"] == 1 or any("ranks gave up waiting" in line for line in held)  # the rank-0-only save, bounded
-    assert not (runs / "rank0_only" / "latest").exists()
+    assert not (runs / "mistakes" / "latest").exists()
     printed = [re.search(r"step (\d+) loss ([\d.e+-]+) lr ([\d.e+-]+)", line) for name in ("minimal", "minimal_resumed")
                for line in (runs / f"{name}.log").read_text().splitlines()]
     full, resumed = {}, {}
@@ -127,7 +127,12 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sorted(full) == list(range(1, get["STEPS"] + 1))
     assert sorted(resumed) == list(range(get["RESUME_STEP"] + 1, get["STEPS"] + 1))
     assert all(full[s] == resumed[s] for s in resumed)  # CPU ranks: the resume repeats every loss bit for bit
-    trap = [re.search(r"step 1 loss ([\d.e+-]+)", line) for line in (runs / "trap.log").read_text().splitlines()]
+    forgot = [re.search(r"without the step: batch (\d+) loss ([\d.e+-]+)", line)
+              for line in (runs / "minimal_resumed.log").read_text().splitlines()]
+    forgot = [m for m in forgot if m]  # mistake 3: the same launch resumed again from step 0
+    assert len(forgot) == min(3, get["STEPS"] - get["RESUME_STEP"])
+    assert all(m[2] != full[get["RESUME_STEP"] + int(m[1])] for m in forgot)
+    trap = [re.search(r"step 1 loss ([\d.e+-]+)", line) for line in (runs / "mistakes.log").read_text().splitlines()]
     assert float(next(filter(None, trap))[1]) > 2 * float(full[1])  # the bare zero.Init trap starts far above
     info = inspect_checkpoint(runs / "minimal", tag_for(get["STEPS"]))
     assert info.world_size == get["NPROC"] and info.num_params == predict("tiny", 1).num_params
@@ -143,7 +148,7 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     nproc, tag = get["NPROC"], get["LOAD_TAG"]
     loads = [json.loads((runs / "warm" / f"loads_rank{rank}.json").read_text()) for rank in range(nproc)]
     trap = [load["load_optimizer_states=False"] for load in loads]  # its fp32 state dict, then every parameter gathered
-    assert all(sorted(m["what"] for m in t["marks"]) == ["fp32 state dict", "gathered"] for t in trap)
+    assert all(sorted(m["what"] for m in t["marks"]) == ["fp32_state_dict", "gathered"] for t in trap)
     assert all(m["bytes"] == 4 * predict("tiny", 1).num_params for t in trap for m in t["marks"])
     started = [load["zero_to_fp32 + from_pretrained"] for load in loads]  # the warm start that works
     assert all(s[f"diff_{tag}"] == 0 and s["moment"] == 0 for s in started)
