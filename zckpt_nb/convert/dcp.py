@@ -166,29 +166,48 @@ def dcp_state(source: Source) -> tuple[dict[str, Any], dict[int, tuple[str, str]
 
 
 def streaming_planner(source: Source, sources: dict[int, tuple[str, str]]) -> Any:
-    """A DCP save planner that reads each placeholder's tensor when the writer asks for it, one at a time.
+    """A DCP save planner that reads each placeholder's tensor in a thread (`convert.prefetch`) while the writer
+    writes the one before: at most two of them in memory at once.
 
     DCP's FileSystemWriter keeps a reference to every tensor it wrote into a file until that file is closed (it
     builds a dict of them for its safetensors format), so the tensor before is freed here once it is written: the
-    writer asks for the next one only after writing the last. No DCP option bounds this; hence the subclass.
+    writer asks for the next one only after writing the last. No DCP option bounds this; hence the subclass. With
+    one writer thread (`thread_count=1`, one file) DCP asks for the tensors in its final plan's order, which
+    `finish_plan` hands the reader thread; several writer threads would each free the other's tensors.
     """
     from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    from zckpt_nb.convert.prefetch import Prefetch
 
     class StreamingPlanner(DefaultSavePlanner):
         last: Any = None
+        reader: Prefetch | None = None
+
+        def finish_plan(self, new_plan: Any) -> Any:
+            plan = super().finish_plan(new_plan)
+            wanted = [sources.get(id(self.lookup_object(item.index))) for item in plan.items
+                      if item.type != WriteItemType.BYTE_IO]
+            self.reader = Prefetch(lambda w: source.read(*w), [w for w in wanted if w is not None])
+            return plan
 
         def resolve_data(self, write_item: Any) -> Any:
             wanted = sources.get(id(self.lookup_object(write_item.index)))
             if wanted is None:
                 return super().resolve_data(write_item)
             self.release()
-            self.last = source.read(*wanted)
+            self.last = self.reader.get(wanted)
             return self.last
 
         def release(self) -> None:
             if self.last is not None:
                 self.last.untyped_storage().resize_(0)
                 self.last = None
+
+        def close(self) -> None:
+            self.release()
+            if self.reader is not None:
+                self.reader.close()
 
     return StreamingPlanner()
 
@@ -237,8 +256,10 @@ def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]
     planner, writer = streaming_planner(source, sources), hashing_writer(out)
     skip_crc32()  # torch.save's per-record CRC-32: every file's SHA-256 goes in the manifest (format.writer)
     with large_frees_returned():
-        dcp.save(state, storage_writer=writer, planner=planner, no_dist=True)
-        planner.release()
+        try:
+            dcp.save(state, storage_writer=writer, planner=planner, no_dist=True)
+        finally:
+            planner.close()
     source.shards.drop()
     return {"seconds": time.perf_counter() - start, "baseline_rss_bytes": baseline,
             "peak_rss_bytes": meters.rss_high_water() or 0}, writer.digests
@@ -540,9 +561,9 @@ def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
     return groups
 
 
-def write_params(source: DcpSource, zero: Path, names: list[str], digests: dict[str, str]) -> list[Any]:
-    """Parameters `names`' fp32 weights and both moments, read from the DCP checkpoint in one dcp.load, into
-    zero/<name>/ (flat, as ds_to_universal writes them), each file's SHA-256 into `digests`; their Adam steps."""
+def read_params(source: DcpSource, names: list[str]) -> dict[str, Any]:
+    """Parameters `names`' fp32 weights, both moments and Adam steps, read from the DCP checkpoint in one dcp.load,
+    by their keys there."""
     import torch
 
     keys: dict[str, Any] = {}
@@ -550,13 +571,34 @@ def write_params(source: DcpSource, zero: Path, names: list[str], digests: dict[
     for name in names:
         keys |= {at.weight(name): torch.empty(shapes[name]), at.state(name, "step"): torch.zeros(()),
                  **{at.state(name, m): torch.empty(shapes[name]) for m in MOMENTS}}
-    got = read_dcp(source.folder, keys)
+    return read_dcp(source.folder, keys)
+
+
+def write_params(source: DcpSource, zero: Path, names: list[str], got: dict[str, Any],
+                 digests: dict[str, str]) -> list[Any]:
+    """Parameters `names`' tensors `got` (`read_params`) into zero/<name>/ (flat, as ds_to_universal writes them),
+    each file's SHA-256 into `digests`; their Adam steps."""
+    at = source.layout
     for name in names:
         (zero / name).mkdir(parents=True)
         for kind, key in ((WEIGHTS, at.weight(name)), *((m, at.state(name, m)) for m in MOMENTS)):
             path = zero / name / f"{kind}.pt"
             digests[str(path.relative_to(zero.parent))] = save(got.pop(key).flatten(), path)  # popped: freed
     return [got[at.state(name, "step")] for name in names]
+
+
+def written_params(source: DcpSource, zero: Path, digests: dict[str, str]) -> list[Any]:
+    """Every parameter written into zero/ in batches (`param_batches`), the next batch read in a thread
+    (`convert.prefetch`) while the one before is written: two batches in memory at most. Their Adam steps."""
+    from zckpt_nb.convert.prefetch import Prefetch
+
+    batches = param_batches(source.names.params)
+    reader = Prefetch(lambda names: read_params(source, names), map(tuple, batches))
+    try:
+        return [s for names in batches
+                for s in write_params(source, zero, names, reader.get(tuple(names)), digests)]
+    finally:
+        reader.close()
 
 
 def save(obj: Any, path: Path) -> str:
@@ -619,7 +661,7 @@ def write_zero(out: Path, source: DcpSource, hf_config: Any) -> str:
     skip_crc32()  # as in write_dcp
     digests: dict[str, str] = {}
     with large_frees_returned():
-        steps = [s for names in param_batches(params) for s in write_params(source, uni / "zero", names, digests)]
+        steps = written_params(source, uni / "zero", digests)
     groups = [{**group, "params": [0]}]
     optim = {"optimizer_state_dict": {"state": {0: {"step": one_step(source, steps)}}, "param_groups": groups},
              "param_groups": groups}
