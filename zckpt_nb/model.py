@@ -169,12 +169,7 @@ def count_params(model: Any) -> int:
 
 def param_count(name: str) -> int:
     """P for preset `name`, counted on the meta device: no memory, no DeepSpeed, no training."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(gpt2_config(name))
-    return count_params(model)
+    return count_params(meta_model(name))
 
 
 CONFIG_DIR = Path(__file__).with_name("configs")
@@ -224,8 +219,13 @@ def model_config(name: str) -> Any:
 @cache
 def meta_model(name: str) -> Any:
     """Preset or config `name` built on the meta device: shapes only, no memory, no DeepSpeed."""
+    return on_meta(model_config(name))
+
+
+def on_meta(config: Any) -> Any:
+    """The causal LM a transformers `config` describes, built on the meta device (shapes only, no memory)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(model_config(name))
+        return AutoModelForCausalLM.from_config(config)

@@ -24,6 +24,7 @@ from zckpt_nb.convert.streaming import check_names, stored_names
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import read_json
 from zckpt_nb.format.layout import ADAPTER_CONFIG
+from zckpt_nb.format.units import listed
 
 PEFT_PREFIX = "base_model.model."  # what a PeftModel puts before the wrapped model's names
 
@@ -82,9 +83,8 @@ def write_adapter(model: Any, lazy: dict[str, Any], dest: Path) -> dict[str, Any
     trained = {name for name, t in lazy.items() if isinstance(t, GatheredTensor)}  # what the optimizer held
     check_names(model, lazy, adapter, "pass the configs the run used (--config, --adapter_config)")
     if outside := sorted(trained - adapter):
-        more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
-        raise UsageError(f"the run also trained {outside[0]}{more}, which the adapter does not hold: export the merged "
-                         "model (--merge)")
+        raise UsageError(f"the run also trained {listed(outside, 1)}, which the adapter does not hold: export the "
+                         "merged model (--merge)")
     materialize(model, lazy, adapter)
     model.save_pretrained(str(dest), save_embedding_layers=False)  # the base's embeddings are not the adapter's
     return {name: p for name, p in model.named_parameters() if name in adapter}

@@ -25,7 +25,7 @@ from zckpt_nb.format.layout import (
     tag_step,
 )
 from zckpt_nb.format.manifest import FileEntry, Manifest, read_manifest, sha256_file
-from zckpt_nb.format.units import noun
+from zckpt_nb.format.units import listed, noun
 
 
 def inside(folder: Path, name: str, nested: bool) -> bool:
@@ -99,10 +99,9 @@ def check_listed(folder: Path, manifest: Manifest) -> None:
     """
     extra = unlisted(folder, [e.path for e in manifest.files])
     if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise CheckpointError(f"{folder / extra[0]}{more} is not listed in {folder / MANIFEST}, and DeepSpeed's "
-                              "readers load every checkpoint file they find: refusing the checkpoint; move what the "
-                              f"manifest does not list out of {folder}")
+        raise CheckpointError(f"{listed([folder / name for name in extra], 1)} is not listed in {folder / MANIFEST}, "
+                              "and DeepSpeed's readers load every checkpoint file they find: refusing the checkpoint; "
+                              f"move what the manifest does not list out of {folder}")
 
 
 def check_output(out: Path, kind: str | None = None) -> None:
@@ -116,7 +115,7 @@ def check_output(out: Path, kind: str | None = None) -> None:
     extra = unlisted(out, [e.path for e in read_manifest(out).files]) if own else \
         sorted(p.relative_to(out) for p in out.iterdir())
     if extra:
-        found = ", ".join(map(str, extra[:3])) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+        found = listed(extra)
         if kind is None:
             raise UsageError(f"{out} is not empty (it holds {found}); name a new or empty folder")
         raise UsageError(f"{out} holds {found}, which zckpt_nb did not write; it replaces only its own earlier {kind} "

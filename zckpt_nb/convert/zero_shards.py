@@ -24,6 +24,8 @@ from typing import Any
 from zckpt_nb.convert.inspect import excludes_frozen, shard_paths
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.errors import CheckpointError
+from zckpt_nb.format.units import listed
+from zckpt_nb.model import on_meta
 
 ZERO_3 = 3  # DeepSpeed's ZeroStageEnum.weights
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -58,16 +60,10 @@ def check_frozen_kept(states: dict[str, Any], config: Callable[[], Any], present
     if config is None:
         raise CheckpointError(f"{where} was saved with exclude_frozen_parameters=True and has no config.json beside "
                               "it to tell which weights it lacks: pass the model's config (--config)")
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    missing = [name for name, _ in model.named_parameters() if name not in present]
+    missing = [name for name, _ in on_meta(config).named_parameters() if name not in present]
     if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise CheckpointError(f"{where} was saved with exclude_frozen_parameters=True: it holds no weights for "
-                              f"{missing[0]}{more}, which would load randomly initialised; save it again without "
+                              f"{listed(missing, 1)}, which would load randomly initialised; save it again without "
                               "that option, or resume it in training with zckpt_nb.resume(engine, dir, strict=False)")
 
 

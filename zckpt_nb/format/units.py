@@ -34,6 +34,12 @@ def noun(n: int, word: str, plural: str | None = None) -> str:
     return word if n == 1 else plural or word + "s"
 
 
+def listed(names: list, shown: int = 3) -> str:
+    """The first `shown` of `names`, and how many more: listed(["a", "b", "c"], 1) is 'a and 2 more'."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(map(str, names[:shown])) + more
+
+
 def counted(n: int, word: str, plural: str | None = None) -> str:
     """`n` and the noun in the number it takes: counted(1, "rank") is '1 rank', counted(3, "shard") '3 shards'."""
     return f"{n:,} {noun(n, word, plural)}"
