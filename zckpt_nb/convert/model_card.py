@@ -12,16 +12,9 @@ from typing import Any
 
 from zckpt_nb.format.disk import read_json
 from zckpt_nb.format.layout import MANIFEST
-from zckpt_nb.format.manifest import read_manifest, sha256_file
+from zckpt_nb.format.manifest import Manifest, sha256_file
 
 CARD = "README.md"
-
-
-def license_id() -> str:
-    """The package's license as the Hub spells it (`mit`), from the installed metadata."""
-    from importlib.metadata import metadata
-
-    return str(metadata("zckpt_nb").get("License-Expression") or "other").lower()
 
 
 def loss_at(ckpt_dir: Path, step: int) -> tuple[float | None, str]:
@@ -44,37 +37,26 @@ def read_log(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def tied_head(config: Any, tensors: dict[str, Any]) -> bool:
-    """Is the output head the embedding (written once), as the config says and the weights written show?"""
-    return bool(getattr(config, "tie_word_embeddings", False)) and not any(
-        name.endswith("lm_head.weight") for name in tensors)
-
-
-def tokenizer_facts(tokenizer: Any, config: Any) -> dict[str, Any]:
-    """The tokenizer's entries against the model's vocabulary (nothing when the checkpoint has no tokenizer)."""
-    if tokenizer is None:
-        return {"tokenizer_entries": None, "unused_ids_decode_to": None}
-    return {"tokenizer_entries": len(tokenizer),
-            "unused_ids_decode_to": tokenizer.decode(list(range(len(tokenizer), config.vocab_size)))}
-
-
-def run_facts(ckpt_dir: Path, tag: str, config: Any, tensors: dict[str, Any], tokenizer: Any,
+def run_facts(ckpt_dir: Path, manifest: Manifest, config: Any, tensors: dict[str, Any], tokenizer: Any,
               world_size: int) -> dict[str, Any]:
-    """What the card states, each looked up in the checkpoint, its manifest, the training log or the exported
-    objects."""
+    """What the card states, each looked up in the checkpoint, its (checked) manifest, the training log or the
+    exported objects."""
     import transformers
 
-    manifest_path = ckpt_dir / tag / MANIFEST
-    manifest, run = read_manifest(ckpt_dir / tag), read_log(ckpt_dir / "run.json")  # export checked the manifest
-    step, adopted = manifest.step, manifest.adopted
+    run, step, adopted = read_log(ckpt_dir / "run.json"), manifest.step, manifest.adopted
     loss, loss_source = loss_at(ckpt_dir, step)
+    entries = None if tokenizer is None else len(tokenizer)
     return {
         "preset": None if adopted else (manifest.identity or {}).get("model", run.get("model")),
-        "model_type": config.model_type, "tied": tied_head(config, tensors), "adopted": adopted,
+        "model_type": config.model_type, "adopted": adopted,
+        # the output head is the embedding (written once), as the config says and the weights written show
+        "tied": bool(getattr(config, "tie_word_embeddings", False)) and not any(
+            name.endswith("lm_head.weight") for name in tensors),
         "parameters": sum(t.shape.numel() for t in tensors.values()),  # as written: a tied head once
-        "steps": step, "loss": loss, "loss_source": loss_source, "world_size": world_size, "tag": tag,
-        "manifest_sha256": sha256_file(manifest_path),
-        "vocab_size": config.vocab_size, **tokenizer_facts(tokenizer, config),
+        "steps": step, "loss": loss, "loss_source": loss_source, "world_size": world_size, "tag": manifest.tag,
+        "manifest_sha256": sha256_file(ckpt_dir / manifest.tag / MANIFEST),
+        "vocab_size": config.vocab_size, "tokenizer_entries": entries,
+        "unused_ids_decode_to": entries and tokenizer.decode(list(range(entries, config.vocab_size))),
         "context": config.max_position_embeddings, "seed": None if adopted else run.get("seed"),
         "dtype": str(next(iter(tensors.values())).dtype).removeprefix("torch."),
         "transformers": transformers.__version__,
@@ -167,10 +149,13 @@ def fact_rows(facts: dict[str, Any]) -> str:
 
 def card_text(facts: dict[str, Any], model_dir_name: str) -> str:
     """The card: Hub front matter, the checkpoint's facts, how to load it."""
+    from importlib.metadata import metadata
+
+    license_id = str(metadata("zckpt_nb").get("License-Expression") or "other").lower()  # as the Hub spells it
     return f"""---
 library_name: {'peft' if facts['adapter'] else 'transformers'}
 pipeline_tag: text-generation
-license: {license_id()}
+license: {license_id}
 tags:
 - {facts['model_type']}
 - deepspeed-zero3

@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.layout import sizes_of
+from zckpt_nb.format.layout import RANK_FILE, latest_name, sizes_of
 from zckpt_nb.format.records import SaveCost
 
 PEAKS_BEFORE_RESETS = {"host": 0, "cuda": 0}  # the run-wide peaks seen before a save reset the counters
@@ -149,13 +149,6 @@ class PeakCuda:
         self.peak = torch.cuda.max_memory_allocated()
 
 
-def device_peak_bytes() -> int:
-    """This process's peak allocated GPU memory over its whole life, including before the saves' resets."""
-    import torch
-
-    return max(PEAKS_BEFORE_RESETS["cuda"], int(torch.cuda.max_memory_allocated()))
-
-
 def count_object_collective(objects: list[Any]) -> None:
     """Count one all_gather_object: the pickled bytes every rank holds after it, plus an int64 size per object
     (DeepSpeed's comms logger never sees torch's object collectives)."""
@@ -231,17 +224,26 @@ def files_under(root: str | Path) -> list[Path]:
 
 
 def peak_memory(device: str) -> dict[str, int | None]:
-    """This rank's run-wide peaks by kind: host RSS always, CUDA allocated and pinned host bytes on a GPU rank."""
-    on_gpu = device.startswith("cuda")
-    return {"peak_memory_bytes": host_peak_bytes(), "cuda_peak_bytes": device_peak_bytes() if on_gpu else None,
-            "pinned_host_bytes": pinned_host_bytes() if on_gpu else None}
+    """This rank's run-wide peaks by kind (including before the saves' resets): host RSS always, CUDA allocated and
+    pinned host bytes on a GPU rank."""
+    if not device.startswith("cuda"):
+        return {"peak_memory_bytes": host_peak_bytes(), "cuda_peak_bytes": None, "pinned_host_bytes": None}
+    import torch
+
+    return {"peak_memory_bytes": host_peak_bytes(), "pinned_host_bytes": pinned_host_bytes(),
+            "cuda_peak_bytes": max(PEAKS_BEFORE_RESETS["cuda"], int(torch.cuda.max_memory_allocated()))}
 
 
-def ready_to_time() -> None:
-    """Before timing a one-process route, so it pays for its own work only: import DeepSpeed's converter and
-    transformers' GPT-2 up front, and flush earlier writes (`measure.flush_writes`)."""
+def measure_offline_route(route: str, convert: Callable[[], Any], ckpt_dir: str | Path, tag: str | None,
+                          out_dir: str | Path) -> SaveCost:
+    """Run a one-process route from checkpoint `tag` (default: `latest`) into `out_dir` and measure it: rank 0, no
+    collective bytes, the bytes of the tag's rank files read. So that it pays for its own work only, DeepSpeed's
+    converter and transformers' GPT-2 are imported and earlier writes flushed (`flush_writes`) first."""
     import deepspeed.utils.zero_to_fp32  # noqa: F401
     import transformers
 
     transformers.GPT2LMHeadModel  # noqa: B018  (transformers imports its models lazily, on first access)
     flush_writes()
+    tag_dir = Path(ckpt_dir) / str(tag or latest_name(ckpt_dir))
+    return measure(route, convert, written=lambda: files_under(out_dir),
+                   read=sorted(p for p in tag_dir.glob("*") if RANK_FILE.search(p.name)))
