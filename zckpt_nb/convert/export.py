@@ -26,13 +26,12 @@ from zckpt_nb.convert.peft_export import is_peft, write_peft
 from zckpt_nb.convert.safeload import check_files, load
 from zckpt_nb.convert.streaming import lazy_state_dict, write_weights
 from zckpt_nb.convert.verify import check_output, newest_committed
-from zckpt_nb.convert.zero_to_fp32 import shard_files
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable, read_json, staged, umask
 from zckpt_nb.format.layout import ADAPTER_CONFIG, EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
 from zckpt_nb.format.manifest import Manifest, commit, entries_under, read_manifest
-from zckpt_nb.measure import meters
-from zckpt_nb.measure.meters import ready_to_time
+from zckpt_nb.format.records import Route, SaveCost
+from zckpt_nb.measure.meters import measure_offline_route
 from zckpt_nb.model import gpt2_config
 
 # What each file of an export is for.
@@ -42,14 +41,15 @@ PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer_class that t
 LOADING_KEYS = ("is_local", "local_files_only")  # how transformers 5 loaded the checkpoint's tokenizer, not settings
 
 
-def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None = None) -> str:
-    """Raise UsageError unless `ckpt_dir` holds a committed, intact ZeRO-3 checkpoint `tag`; return the tag.
+def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None = None) -> Manifest:
+    """Raise UsageError unless `ckpt_dir` holds a committed, intact ZeRO-3 checkpoint `tag`; return its manifest.
 
     Nothing is unpickled before every size and SHA-256 matches the manifest, and then only weights-only.
     """
     if not ckpt_dir.is_dir():
         raise UsageError(f"checkpoint dir {ckpt_dir} does not exist or is not a folder")
-    tag = tag or newest_committed_or_none(ckpt_dir) or latest_name(ckpt_dir)
+    newest = newest_committed(ckpt_dir, "exporting") if committed_tags(ckpt_dir) else None
+    tag = tag or newest or latest_name(ckpt_dir)
     tags = [d.name for d in tag_dirs(ckpt_dir)]
     if tag is None:
         raise UsageError(f"{ckpt_dir} is not a ZeRO checkpoint (no 'latest' file and no --tag); "
@@ -61,32 +61,17 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None 
                          f"--tag ({', '.join(committed_tags(ckpt_dir)) or 'none here'}), or, for a checkpoint "
                          f"DeepSpeed wrote without zckpt_nb, first run: python -m zckpt_nb adopt {ckpt_dir} "
                          f"--tag {tag}")
-    check_manifest(ckpt_dir, tag)
-    came_from = read_manifest(ckpt_dir / tag).from_dcp
-    if came_from:  # world size 0: DeepSpeed's universal copy only, which export does not read
+    try:  # every file's size and SHA-256, then every rank file unpickled weights-only
+        check_files(ckpt_dir, tag)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+    manifest = read_manifest(ckpt_dir / tag)
+    if came_from := manifest.from_dcp:  # world size 0: DeepSpeed's universal copy only, which export does not read
         raise UsageError(f"{ckpt_dir / tag} was converted back from the DCP checkpoint {came_from} (from-dcp) and "
                          "holds no rank files, only a universal copy: resume it (train --resume, or zckpt_nb.resume "
                          "with DeepSpeed's load_universal), save, and export that save")
     model_config(ckpt_dir, config)  # raises UsageError when there is nothing to rebuild the model from
-    return tag
-
-
-def newest_committed_or_none(ckpt_dir: Path) -> str | None:
-    """The newest tag the commit protocol committed (saying what was skipped), or None without any."""
-    return newest_committed(ckpt_dir, "exporting") if committed_tags(ckpt_dir) else None
-
-
-def check_manifest(ckpt_dir: Path, tag: str) -> None:
-    """Every file's size and SHA-256 against the manifest, then every rank file unpickled weights-only."""
-    try:
-        check_files(ckpt_dir, tag)
-    except CheckpointError as e:
-        raise UsageError(str(e)) from None
-
-
-def tag_world_size(ckpt_dir: Path, tag: str) -> int:
-    """The data-parallel world size DeepSpeed recorded in rank 0's model-states file (read weights-only)."""
-    return int(load(ckpt_dir / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", mmap=True)["dp_world_size"])
+    return manifest
 
 
 def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
@@ -151,39 +136,29 @@ def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
     return tokenizer
 
 
-def share_permissions(folder: Path) -> None:
-    """Give `folder` and its files the modes of any save under this umask (0755/0644 under 022): safetensors
-    creates its files 0600, private to us, unlike a shared model."""
-    mask = umask()
-    for path in [folder, *folder.rglob("*")]:
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
-
-
-def built_here(ckpt_dir: Path, tag: str, config_source: str | Path | None) -> bool:
-    """Did this package's worker build the model from the config the export reads (the preset its manifest names,
-    no --config), so that the checkpoint's names are that model's by construction?"""
-    return config_source is None and bool((read_manifest(ckpt_dir / tag).identity or {}).get("model"))
-
-
-def write_export(ckpt_dir: Path, tag: str, dest: Path, max_shard_size: int, name: str,
+def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size: int, name: str,
                  config_source: str | Path | None = None, adapter_source: str | Path | None = None,
                  merge: bool = False) -> None:
     """Write the weights (streamed from the rank files, tied weights once; a peft run's adapter, or merged), the
     tokenizer if the checkpoint has one, and the model card."""
-    config = model_config(ckpt_dir, config_source)
+    tag, config = manifest.tag, model_config(ckpt_dir, config_source)
     lazy = lazy_state_dict(ckpt_dir, tag)
     peft = bool(adapter_source) or merge or is_peft(lazy)
+    # this package's worker built the model from the preset the manifest names: its names are that model's
+    built_here = config_source is None and bool((manifest.identity or {}).get("model"))
     digests: dict[str, str] = {}  # the weight files', hashed as written
     tensors = write_peft(ckpt_dir, lazy, config, dest, max_shard_size, adapter_source, merge) if peft else \
-        write_weights(ckpt_dir, tag, lazy, config, dest, max_shard_size, check=not built_here(ckpt_dir, tag,
-                                                                                                config_source),
-                      digests=digests)
+        write_weights(ckpt_dir, tag, lazy, config, dest, max_shard_size, check=not built_here, digests=digests)
     tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
         if (ckpt_dir / "tokenizer.json").is_file() else None
-    world_size = tag_world_size(ckpt_dir, tag)
-    facts = run_facts(ckpt_dir, tag, config, tensors, tokenizer, world_size) | {"adapter": peft and not merge}
+    # the data-parallel world size DeepSpeed recorded in rank 0's model-states file (read weights-only)
+    world_size = int(load(ckpt_dir / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", mmap=True)["dp_world_size"])
+    facts = run_facts(ckpt_dir, manifest, config, tensors, tokenizer, world_size) | {"adapter": peft and not merge}
     write_card(dest, facts, name)
-    share_permissions(dest)
+    # the modes of any save under this umask (0755/0644 under 022): safetensors creates its files 0600, private
+    mask = umask()
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
     # the manifest: what --overwrite replaces
     commit(dest, Manifest(tag, facts["steps"], entries_under(dest, digests), kind=EXPORT_KIND))
 
@@ -199,31 +174,19 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
     """
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
-    tag = check_checkpoint(ckpt_dir, tag, config)
+    manifest = check_checkpoint(ckpt_dir, tag, config)
     check_out_dir(out_dir, ckpt_dir, overwrite)
     shard_bytes = check_shard_size(max_shard_size)
     with staged(out_dir) as tmp:
-        write_export(ckpt_dir, tag, tmp, shard_bytes, out_dir.name, config, adapter_config, merge)
+        write_export(ckpt_dir, manifest, tmp, shard_bytes, out_dir.name, config, adapter_config, merge)
     return out_dir
 
 
 def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
-                   max_shard_size: str | int = "5GB", overwrite: bool = False) -> meters.SaveCost:
-    """Run `export` and measure it (one process: rank 0, no collective bytes; `ready_to_time` first)."""
-    ready_to_time()
-    return meters.measure("hf", lambda: export(ckpt_dir, out_dir, tag=tag, max_shard_size=max_shard_size,
-                                                overwrite=overwrite),
-                           written=lambda: meters.files_under(out_dir), read=shard_files(ckpt_dir, tag))
-
-
-def check_model_dir(model_dir: Path) -> None:
-    """Raise UsageError unless `model_dir` looks like a Hugging Face model folder."""
-    if (model_dir / ADAPTER_CONFIG).is_file() and not (model_dir / "config.json").is_file():
-        raise UsageError(f"{model_dir} is a peft adapter, not a whole model: load it onto its base model with "
-                         "PeftModel.from_pretrained(base, dir), or export the checkpoint again with --merge")
-    if not (model_dir / "config.json").is_file():
-        raise UsageError(f"{model_dir} is not a Hugging Face model folder (no config.json); "
-                         "create one with: python -m zckpt_nb export CKPT_DIR OUT_DIR")
+                   max_shard_size: str | int = "5GB", overwrite: bool = False) -> SaveCost:
+    """Run `export` and measure it (`measure_offline_route`)."""
+    return measure_offline_route(Route.HF, lambda: export(ckpt_dir, out_dir, tag=tag, max_shard_size=max_shard_size,
+                                                           overwrite=overwrite), ckpt_dir, tag, out_dir)
 
 
 def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: int = 40,
@@ -237,7 +200,12 @@ def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: i
     from transformers import AutoConfig, AutoTokenizer, pipeline
 
     model_dir = Path(model_dir)
-    check_model_dir(model_dir)
+    if (model_dir / ADAPTER_CONFIG).is_file() and not (model_dir / "config.json").is_file():
+        raise UsageError(f"{model_dir} is a peft adapter, not a whole model: load it onto its base model with "
+                         "PeftModel.from_pretrained(base, dir), or export the checkpoint again with --merge")
+    if not (model_dir / "config.json").is_file():
+        raise UsageError(f"{model_dir} is not a Hugging Face model folder (no config.json); "
+                         "create one with: python -m zckpt_nb export CKPT_DIR OUT_DIR")
     if max_new_tokens < 1:
         raise UsageError(f"--max_new_tokens must be at least 1 (got {max_new_tokens})")
     context = AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings  # GPT-2's n_positions
@@ -256,10 +224,11 @@ def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: i
 def generate_ids(model_dir: Path, token_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy continuation of `token_ids` by the exported model, as token ids (no tokenizer needed)."""
     import torch
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one line of ids is the whole output
-    model = load_model(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()  # transformers alone; no dropout
     vocab = model.config.vocab_size
     if not token_ids or min(token_ids) < 0 or max(token_ids) >= vocab:
         raise UsageError(f"--token_ids must be ids from 0 to {vocab - 1} (the model's vocabulary), at least one")
@@ -278,18 +247,3 @@ def check_fits(prompt_tokens: int, max_new_tokens: int, context: int) -> None:
     if prompt_tokens > room:
         raise UsageError(f"the prompt is {prompt_tokens} tokens; with --max_new_tokens {max_new_tokens} it may be at "
                          f"most {room} (the model's context is {context} tokens): shorten it or lower --max_new_tokens")
-
-
-def load_model(model_dir: str | Path) -> Any:
-    """An exported model, loaded with transformers alone, in eval mode (no dropout)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
-
-
-def logits(model: Any, input_ids: Any) -> Any:
-    """`model`'s logits on `input_ids`, without building a graph."""
-    import torch
-
-    with torch.no_grad():
-        return model(input_ids=input_ids).logits

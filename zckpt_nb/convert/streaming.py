@@ -29,7 +29,11 @@ from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.zero_shards import check_frozen_kept
 from zckpt_nb.errors import UsageError, first_line
 from zckpt_nb.format.disk import PAGE
+from zckpt_nb.format.units import listed
 from zckpt_nb.format.writer import DirectFile
+from zckpt_nb.model import on_meta
+
+meta_model = on_meta  # the name convert.dcp imports
 
 WEIGHTS_PATTERN = "model{suffix}.safetensors"  # transformers' names: model.safetensors, model-00001-of-00003...
 
@@ -79,15 +83,6 @@ def stored_names(lazy: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def meta_model(config: Any) -> Any:
-    """The causal LM `config` describes, built on the meta device (shapes only, no memory)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
-
-
 def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:
     """The model `config` describes has exactly the checkpoint's weights, name for name and shape for shape, or
     UsageError in one line (an export would otherwise load with random or missing weights).
@@ -105,17 +100,11 @@ def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:
     if not build:
         return
     try:
-        model = meta_model(config)
+        model = on_meta(config)
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"cannot build a causal LM from the config: {first_line(e)}") from None
     check_names(model, tensors, {name for name, _ in model.named_parameters()},  # tied weights once, as stored
                 "pass the config the model was trained with (--config)")
-
-
-def listed(names: list[str], shown: int = 3) -> str:
-    """The first `shown` of `names`, and how many more."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
 
 
 def check_names(model: Any, tensors: dict[str, Any], needed: set[str], fix: str) -> None:
