@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
 from zckpt_nb.convert.collect import copy_checkpoint
-from zckpt_nb.run.launch import RunResult, launch
+from zckpt_nb.run.launch import RunResult, free_port, launch
 
 STEPS, SAVE_EVERY, RESUME_STEP = 150, 50, 50
 
@@ -47,3 +50,12 @@ def file_hashes(output_dir: Path, tag: str) -> dict[str, str]:
     from zckpt_nb.format.manifest import read_manifest
 
     return {f.path: f.sha256 for f in read_manifest(output_dir / tag).files}
+
+
+def torchrun(script: Path, nproc: int, *args: object) -> list[str]:
+    """`script ARGS` on `nproc` CPU ranks under torchrun, as a user runs a loop of their own; its output lines."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                           "--master_port", str(free_port()), str(script), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()

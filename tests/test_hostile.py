@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import torchrun
 
 from zckpt_nb.cli import main
 from zckpt_nb.convert.dcp import to_dcp
@@ -459,21 +460,11 @@ def test_resume_with_an_explicit_tag_verifies_every_rank_first(tmp_path, marker)
     flip(optim)
     plant(planted / "global_step2" / "zero_pp_rank_0_mp_rank_01_model_states.pt", marker)
     (tmp_path / "resume.py").write_text(RESUME)
-    launch_script(tmp_path / "resume.py", [tmp_path, corrupted, planted, saved])
+    torchrun(tmp_path / "resume.py", 2, tmp_path, corrupted, planted, saved)
     said = [line for rank in (0, 1) for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
     assert said.count(f"refused: rank 1: {optim} does not match its SHA-256 in the manifest (corrupted)") == 2, said
     assert sum("is not listed in" in line for line in said) == 2 and said.count("resumed at step 2") == 2, said
     assert not marker.exists()
-
-
-def launch_script(script: Path, args: list[Path]) -> None:
-    """`script ARGS` on 2 CPU ranks under torchrun, as a user runs a loop of their own."""
-    from zckpt_nb.run.launch import free_port
-
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(free_port()), str(script), *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, DS_ACCELERATOR="cpu"))
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def damaged_manifest(ckpt: Path) -> None:

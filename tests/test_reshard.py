@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import RESUME_STEP, STEPS
+from conftest import RESUME_STEP, STEPS, torchrun
 from weights import compare_weights, load_weights
 
 from zckpt_nb.convert.collect import copy_checkpoint
@@ -172,19 +172,6 @@ print(f"rank {dist.get_rank()}: resumed at step {step}", flush=True)
 dist.barrier()
 lifeline.leave(0)  # no interpreter teardown, where a gloo thread can abort a finished rank (SIGABRT)
 """
-
-
-def torchrun(script, nproc: int, *args) -> list[str]:
-    """`script ARGS` on `nproc` CPU ranks under torchrun, as a user runs a loop of their own; its output lines."""
-    import os
-
-    from zckpt_nb.run.launch import free_port
-
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                           "--master_port", str(free_port()), str(script), *map(str, args)], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, DS_ACCELERATOR="cpu"))
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.splitlines()
 
 
 @pytest.mark.parametrize("world", [1, 3])
