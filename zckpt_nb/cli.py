@@ -42,7 +42,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         format_inspection,
         format_universal,
         inspect_checkpoint,
-        inspection_json,
         universal_params,
     )
     from zckpt_nb.convert.verify import read_kind
@@ -57,7 +56,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             info = inspect_checkpoint(args.ckpt_dir, args.tag)
     except (FileNotFoundError, CheckpointError) as e:
         raise UsageError(str(e)) from None
-    print(inspection_json(info) if args.json else format_inspection(info))
+    print(json.dumps(info.to_dict(), indent=1) if args.json else format_inspection(info))
     return 0
 
 
@@ -215,30 +214,28 @@ def add_train(sub: Any) -> None:
     train.set_defaults(func=cmd_train)
 
 
+def checkpoint_command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], about: str,
+                       tag_default: str = "what 'latest' names", ckpt_dir: str | None = None) -> Any:
+    """A command that reads one checkpoint tag: CKPT_DIR (its help `ckpt_dir`) and --tag."""
+    parser = sub.add_parser(name, help=about)
+    parser.add_argument("ckpt_dir", help=ckpt_dir)
+    parser.add_argument("--tag", default=None, help=f"checkpoint tag (default: {tag_default})")
+    parser.set_defaults(func=func)
+    return parser
+
+
 def add_checkpoint_commands(sub: Any) -> None:
-    insp = sub.add_parser("inspect", help="per-rank files, sizes and partition sizes of a checkpoint")
-    insp.add_argument("ckpt_dir")
-    insp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
-    insp.add_argument("--json", action="store_true")
-    insp.set_defaults(func=cmd_inspect)
-
-    ver = sub.add_parser("verify", help="check a checkpoint against its manifest: files, sizes, SHA-256, ranks")
-    ver.add_argument("ckpt_dir")
-    ver.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
-    ver.set_defaults(func=cmd_verify)
-
-    rsh = sub.add_parser("reshard", help="convert a checkpoint to DeepSpeed's universal format, loadable on any "
-                                         "number of ranks (train --resume does this itself when N changes)")
-    rsh.add_argument("ckpt_dir")
-    rsh.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
-    rsh.add_argument("--timeout", type=float, default=1800, help="stop the conversion after this many seconds")
-    rsh.set_defaults(func=cmd_reshard)
-
-    adp = sub.add_parser("adopt", help="check a DeepSpeed ZeRO-3 checkpoint zckpt_nb did not write (a raw engine's, "
-                                       "Trainer's checkpoint-N) and commit it, so verify, export and reshard read it")
-    adp.add_argument("ckpt_dir", help="the folder holding 'latest' and the tag folders, or a tag folder itself")
-    adp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
-    adp.set_defaults(func=cmd_adopt)
+    checkpoint_command(sub, "inspect", cmd_inspect, "per-rank files, sizes and partition sizes of a checkpoint"
+                       ).add_argument("--json", action="store_true")
+    checkpoint_command(sub, "verify", cmd_verify, "check a checkpoint against its manifest: files, sizes, SHA-256, "
+                       "ranks")
+    checkpoint_command(sub, "reshard", cmd_reshard, "convert a checkpoint to DeepSpeed's universal format, loadable "
+                       "on any number of ranks (train --resume does this itself when N changes)",
+                       "the newest committed").add_argument(
+        "--timeout", type=float, default=1800, help="stop the conversion after this many seconds")
+    checkpoint_command(sub, "adopt", cmd_adopt, "check a DeepSpeed ZeRO-3 checkpoint zckpt_nb did not write (a raw "
+                       "engine's, Trainer's checkpoint-N) and commit it, so verify, export and reshard read it",
+                       ckpt_dir="the folder holding 'latest' and the tag folders, or a tag folder itself")
 
     col = sub.add_parser("collect", help="assemble the node-local parts of a checkpoint into one folder")
     col.add_argument("parts", nargs="+", metavar="DIR", help="each node's --output_dir")
@@ -263,12 +260,9 @@ def cmd_from_dcp(args: argparse.Namespace) -> int:
 
 def add_dcp_commands(sub: Any) -> None:
     """Leaving and joining DeepSpeed: ZeRO-3 to PyTorch DCP (FSDP2) with the optimizer, and back."""
-    out = sub.add_parser("to-dcp", help="a ZeRO-3 checkpoint as a PyTorch DCP checkpoint with its AdamW state, which "
-                                        "FSDP2 loads on any number of ranks")
-    out.add_argument("ckpt_dir")
-    out.add_argument("out_dir", help="a new or empty folder (or an earlier to-dcp output, replaced)")
-    out.add_argument("--tag", default=None, help="checkpoint tag (default: the newest committed)")
-    out.set_defaults(func=cmd_to_dcp)
+    checkpoint_command(sub, "to-dcp", cmd_to_dcp, "a ZeRO-3 checkpoint as a PyTorch DCP checkpoint with its AdamW "
+                       "state, which FSDP2 loads on any number of ranks", "the newest committed").add_argument(
+        "out_dir", help="a new or empty folder (or an earlier to-dcp output, replaced)")
     back = sub.add_parser("from-dcp", help="a DCP checkpoint of a causal LM (to-dcp's, the FSDP2 worker's, a plain "
                                            "dcp.save of get_state_dict, a torchtitan step folder) into a ZeRO-3 "
                                            "checkpoint that DeepSpeed loads on any number of ranks")
@@ -312,10 +306,9 @@ def add_costs(sub: Any) -> None:
 
 
 def add_export_commands(sub: Any) -> None:
-    exp = sub.add_parser("export", help="a ZeRO-3 checkpoint as a Hugging Face folder (safetensors, tokenizer)")
-    exp.add_argument("ckpt_dir")
+    exp = checkpoint_command(sub, "export", cmd_export, "a ZeRO-3 checkpoint as a Hugging Face folder (safetensors, "
+                             "tokenizer)")
     exp.add_argument("out_dir")
-    exp.add_argument("--tag", default=None, help="checkpoint tag (default: what 'latest' names)")
     exp.add_argument("--max_shard_size", default="5GB", help="split the weights into shards of at most this size")
     exp.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     exp.add_argument("--config", default=None, metavar="PATH",
@@ -325,7 +318,6 @@ def add_export_commands(sub: Any) -> None:
                           "is then the adapter folder that PeftModel.from_pretrained(base, OUT_DIR) loads")
     exp.add_argument("--merge", action="store_true",
                      help="a peft run: write the model with the adapter merged (merge_and_unload), not the adapter")
-    exp.set_defaults(func=cmd_export)
 
     gen = sub.add_parser("generate", help="greedy text from an exported model, without DeepSpeed")
     gen.add_argument("model_dir")

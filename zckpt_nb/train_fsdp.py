@@ -55,11 +55,6 @@ def newest_dcp(output_dir: str | Path) -> str:
     return max(tags, key=tag_step)
 
 
-def compute_dtype(opts: TrainOptions) -> str:
-    """The dtype this worker computes in: bf16 when asked; `auto` is fp32, as on the ZeRO-3 worker's CPU ranks."""
-    return "bf16" if opts.dtype == "bf16" else "fp32"
-
-
 def build(opts: TrainOptions, rank: int, world: int, horizon: int) -> FsdpWorker:
     """The model sharded with fully_shard (each block, then the root; bf16 compute over fp32 masters when asked),
     AdamW and WarmupDecayLR as ds_config says."""
@@ -70,7 +65,7 @@ def build(opts: TrainOptions, rank: int, world: int, horizon: int) -> FsdpWorker
 
     seed_everything(opts.seed)
     model = AutoModelForCausalLM.from_config(gpt2_config(opts.model))
-    dtype = compute_dtype(opts)
+    dtype = "bf16" if opts.dtype == "bf16" else "fp32"  # `auto` is fp32, as on the ZeRO-3 worker's CPU ranks
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if dtype == "bf16"
               else MixedPrecisionPolicy())
     for block in model.transformer.h:

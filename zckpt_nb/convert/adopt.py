@@ -24,13 +24,13 @@ from typing import Any
 from zckpt_nb.convert.inspect import excludes_frozen, frozen_numel, shard_paths
 from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import unlisted, verify_tag
+from zckpt_nb.convert.zero_shards import ZERO_3
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import read_json
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_name
 from zckpt_nb.format.manifest import FileEntry, Manifest, commit, file_entry, shared_entries
 from zckpt_nb.format.units import counted
 
-ZERO_3 = 3  # DeepSpeed's ZeroStageEnum.weights
 # What accelerate's save_state writes beside DeepSpeed's tag folder (accelerate.checkpointing.save_accelerator_state
 # and save_custom_state; names from accelerate.utils.constants): random_states_<process>.pkl on every process;
 # scheduler.bin / scheduler_<i>.bin (a scheduler DeepSpeed does not own), sampler[_<i>].bin, dl_state_dict[_<i>].bin,

@@ -5,7 +5,6 @@ Everything here is read from the files on disk (memory-mapped, so a large checkp
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import verify_folder, verify_tag
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, is_plain_name, latest_name
-from zckpt_nb.format.sizes import exact_ratio
+from zckpt_nb.format.sizes import exact_ratio, tensors_in
 
 
 @dataclass
@@ -76,19 +75,6 @@ def shard_paths(tag_dir: Path, names: list[str] | None = None) -> dict[int, dict
     return {rank: kinds for rank, kinds in found.items() if kinds}
 
 
-def tensor_bytes(obj: Any) -> int:
-    """Bytes of tensor data anywhere inside a loaded checkpoint object (dicts, lists, tuples)."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
-
-
 def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
     """Sizes and element counts of one rank's files."""
     loaded = {kind: load(path, mmap=True) for kind, path in paths.items()}
@@ -99,7 +85,7 @@ def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
         files={p.name: p.stat().st_size for p in paths.values()},
         partition_numel=sum(t.numel() for t in optim["fp32_flat_groups"]),
         optimizer_numel=sum(v.numel() for s in moments for v in s.values() if getattr(v, "dim", lambda: 0)() > 0),
-        payload_bytes=sum(tensor_bytes(obj) for obj in loaded.values()),
+        payload_bytes=sum(t.numel() * t.element_size() for t in tensors_in(loaded)),
     )
 
 
@@ -146,11 +132,6 @@ def format_inspection(info: CheckpointInfo) -> str:
                      f"({shard.partition_numel / info.num_params:.1%} of P, padding included), {shard.bytes:,} bytes")
         lines += [f"    {name:<48} {size:>14,} bytes" for name, size in shard.files.items()]
     return "\n".join(lines)
-
-
-def inspection_json(info: CheckpointInfo) -> str:
-    """The same as JSON, for scripts."""
-    return json.dumps(info.to_dict(), indent=1)
 
 
 def universal_params(folder: str | Path) -> list[dict[str, Any]]:

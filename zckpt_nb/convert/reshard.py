@@ -31,9 +31,9 @@ from zckpt_nb.convert.safeload import check_files, load
 from zckpt_nb.convert.verify import verify_folder, verify_tag
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import staged
-from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, universal_dir
+from zckpt_nb.format.layout import MANIFEST, UNIVERSAL, universal_dir
 from zckpt_nb.format.manifest import Manifest, commit, entries_under, read_manifest, sha256_file
-from zckpt_nb.format.units import counted
+from zckpt_nb.format.units import counted, mib
 from zckpt_nb.measure import meters
 
 
@@ -117,27 +117,16 @@ def describe_conversion(manifest: Manifest, reused: bool, world: int | None) -> 
     any)."""
     c, n = manifest.conversion or {}, manifest.source_world_size
     saved = f"{manifest.tag} was saved by {counted(n, 'rank')}" + (f" and this run has {world}." if world else ".")
-    sizes = (f"{c['source_bytes'] / 2**20:.1f} MiB of rank files became {c['bytes'] / 2**20:.1f} MiB in "
-             f"{len(manifest.files)} files under {UNIVERSAL}/{manifest.tag}")
-    what = f"Reused its universal copy ({sizes})." if reused else (
-        f"Converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS "
-        f"{c['peak_rss_bytes'] / 2**20:.0f} MiB): {sizes}.")
+    sizes = f"{mib(c['source_bytes'])} of rank files became {mib(c['bytes'])} in {len(manifest.files)} files under " \
+        f"{UNIVERSAL}/{manifest.tag}"
+    what = f"Reused its universal copy ({sizes})." if reused else \
+        f"Converted it to a universal checkpoint in {c['seconds']:.1f} s (peak RSS {mib(c['peak_rss_bytes'])}): " \
+        f"{sizes}."
     own = bool((manifest.identity or {}).get("model"))  # this package's preset; else an adopted model
     where = "Loading it with DeepSpeed's load_universal." if world else \
         "Resume it on any number of ranks with train --resume --nproc M." if own else \
         "It loads on any number of ranks with DeepSpeed's \"checkpoint\": {\"load_universal\": true}."
     return f"{saved} {what} {where}"
-
-
-def bytes_by_kind(manifest: Manifest) -> dict[str, int]:
-    """Bytes of a manifest's files by kind: model/optimizer states of a save; fp32, moments, ... of a universal copy."""
-    kinds: dict[str, int] = {}
-    for entry in manifest.files:
-        name = Path(entry.path).name
-        rank_file = RANK_FILE.search(name)
-        kind = f"{rank_file.group(2)} states (rank files)" if rank_file else name
-        kinds[kind] = kinds.get(kind, 0) + entry.bytes
-    return kinds
 
 
 def main(argv: list[str]) -> None:

@@ -77,9 +77,7 @@ def write_once(save_dir: Path, write: Callable[[str], Any]) -> None:
 
 def check_writable(output_dir: Path) -> None:
     """Raise UsageError unless `output_dir` exists as a writable folder or can be created."""
-    probe = output_dir
-    while not probe.exists():
-        probe = probe.parent
+    probe = nearest_existing(output_dir)
     if not probe.is_dir():
         raise UsageError(f"output dir {output_dir} cannot be created: {probe} is a file; choose another --output_dir")
     if not os.access(probe, os.W_OK | os.X_OK):

@@ -157,12 +157,6 @@ def read_lines(proc: subprocess.Popen, deadline: float, stop: threading.Event | 
         yield line
 
 
-def progress_of(text: str) -> tuple[int, int] | None:
-    """(done, total) from a rank's `step k/n` line, else None."""
-    m = _STEP.match(text)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def label(line: str, nproc: int = 1, nodes: Nodes = ONE_NODE) -> tuple[str, str]:
     """Split torchrun's `[defaultN]:` prefix (N: local rank) off a line: (`nodes.who`, text) or ('launcher', line)."""
     m = _PREFIX.match(line)
@@ -178,10 +172,10 @@ class Progress:
         self._tqdm, self.bar, self.show_lines, self.show_bar, self.name = tqdm, None, show_lines, show_bar, name
 
     def line(self, who: str, text: str) -> None:
-        step = progress_of(text) if who in LEADS else None
+        step = _STEP.match(text) if who in LEADS else None  # a rank's `step k/n` line
         quiet_step = False
         if step:
-            done, total = step
+            done, total = int(step.group(1)), int(step.group(2))
             quiet_step = done % max(1, total // 10) != 0 and done not in (1, total)  # the bar shows every step
             if self.show_bar:
                 if self.bar is None:
@@ -283,10 +277,11 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
         mine = lock.take(output_dir, nodes.job(), nodes.node_rank)  # after the checks, before any write
     except lock.FolderInUse as e:
         raise UsageError(str(e)) from None
+    log_name = f"launch.node{nodes.node_rank}.log" if nodes.node_rank else "launch.log"  # one per node's launcher
     try:
         (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures
         log, seconds = launch_module(worker, opts.argv(), nproc=nproc, timeout=timeout, name=name,
-                                     log_path=output_dir / log_name(nodes), verbose=verbose, progress=progress,
+                                     log_path=output_dir / log_name, verbose=verbose, progress=progress,
                                      on_line=on_line, stop=stop, nodes=nodes, placement=placement)
     finally:
         lock.release(output_dir, mine)
@@ -299,11 +294,6 @@ def module_exists(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:
         return False
-
-
-def log_name(nodes: Nodes) -> str:
-    """The launcher's log in the output folder: `launch.log`, `launch.node{K}.log` for the other nodes' launchers."""
-    return f"launch.node{nodes.node_rank}.log" if nodes.node_rank else "launch.log"
 
 
 def fresh_dir(path: str | Path) -> Path:

@@ -103,8 +103,7 @@ class AsyncSaver:
         error = commit.agree_and_commit(writer, self.save_dir, flight.tag, flight.step, files, self.identity,
                                         node_local)
         end = time.perf_counter()
-        timings = {"write": files.write_seconds - files.fsync_seconds, "fsync": files.fsync_seconds,
-                   "hash": files.hash_seconds, "protocol": end - commit_start}
+        timings = files.timings(files.write_seconds, end - commit_start)
         outcome = SaveOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
                               estimated_bytes=flight.need, snapshot_bytes=files.snapshot_bytes,
                               pinned_bytes=files.pinned_bytes, durable_at=end)

@@ -162,7 +162,5 @@ def save_committed(engine: Any, save_dir: str | Path, tag: str, state: dict[str,
     error = agree_and_commit(install(engine), save_dir, tag, step, files, identity,
                              bool(engine.use_node_local_storage()))
     seconds = time.perf_counter() - start
-    # the hash runs beside the write, on the writer's thread: its seconds are inside "write", shown apart
-    timings = {"write": write_seconds - files.fsync_seconds, "fsync": files.fsync_seconds,
-               "hash": files.hash_seconds, "protocol": seconds - write_seconds}
-    return SaveOutcome(tag, step, error is None, error, seconds, timings, estimated_bytes=need)
+    return SaveOutcome(tag, step, error is None, error, seconds, files.timings(write_seconds, seconds - write_seconds),
+                       estimated_bytes=need)

@@ -74,6 +74,12 @@ class Files:
         """Manifest entries for the files this rank wrote."""
         return [file_entry(path, tag_dir, sha, self.rank, node_rank()) for path, sha in self.written]
 
+    def timings(self, write_seconds: float, protocol_seconds: float) -> dict[str, float]:
+        """A save's stages in seconds: "write" without the fsyncs' seconds; the hash runs beside the write, on the
+        writer's thread, so its seconds are inside "write" and shown apart too."""
+        return {"write": write_seconds - self.fsync_seconds, "fsync": self.fsync_seconds, "hash": self.hash_seconds,
+                "protocol": protocol_seconds}
+
 
 class ZckptEngine(CheckpointEngine):
     """The package's checkpoint engine (module docstring); `install` gives it to a DeepSpeed engine."""
