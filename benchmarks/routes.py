@@ -261,6 +261,8 @@ def main() -> None:
     parser.add_argument("--before", help="a tree holding another zckpt_nb: to-dcp, from-dcp and export from it too")
     parser.add_argument("--output_root", default="build/bench/routes")
     parser.add_argument("--json", help="also write every round's figures here")
+    parser.add_argument("--pycache", default="~/.cache/zckpt_nb/pycache",
+                        help="the routes' bytecode cache, kept between runs (each process would compile torch else)")
     parser.add_argument("--quick", action="store_true", help="smoke test: tiny on one rank, one round, one save")
     parser.add_argument("--dcp_memory", nargs=2, help=argparse.SUPPRESS)  # the in-memory dcp.save, in a child
     args = parser.parse_args()
@@ -273,7 +275,7 @@ def main() -> None:
     work = fresh_dir(Path(args.output_root, args.model).resolve())
     ckpt = work / "ckpt"
     launch(args.nproc, 1, ckpt, save_checkpoint=True, model=args.model, timeout=3600, progress=False, verbose=False)
-    env = child_env(work / "pycache") | {"ZCKPT_BENCH_MODEL": args.model}
+    env = child_env(Path(args.pycache).expanduser()) | {"ZCKPT_BENCH_MODEL": args.model}
     timed([sys.executable, "-c", "import zckpt_nb.cli, zckpt_nb.convert.dcp, zckpt_nb.convert.export, "
            "torch.distributed.checkpoint, deepspeed.utils.zero_to_fp32"], env)  # warm the bytecode cache
     rounds = [one_round(i, args, ckpt, work, env) for i in range(args.repeats)]
