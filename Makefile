@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, at the tested version (the CPU build here); deepspeed's setup.py imports torch.
 	$(PY) -m pip install -c constraints.txt torch
 	$(PY) -m pip install -c constraints.txt -e '.[dev]'
+	# DeepSpeed's CPU ranks JIT-build one op (shared-memory comm) on first use: build it here, once, so no job pays
+	# for it and no two jobs wait on each other's build (a job killed mid-build would leave torch's lock behind)
+	DS_ACCELERATOR=cpu $(PY) -c "import importlib; importlib.import_module('deepspeed.comm.torch').build_shm_op()"
 	touch $(STAMP)
 
 notebooks: $(STAMP)
