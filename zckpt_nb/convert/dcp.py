@@ -49,7 +49,6 @@ from zckpt_nb.convert.dcp_layout import (
 )
 from zckpt_nb.convert.reshard import ensure_universal, manifest_hash, reusable
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.streaming import meta_model
 from zckpt_nb.convert.verify import check_hashes, check_output, listed_files, newest_committed, verify_folder
 from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader, check_frozen_kept
 from zckpt_nb.errors import CheckpointError, UsageError, first_line, os_error_in
@@ -60,7 +59,7 @@ from zckpt_nb.format.manifest import FileEntry, Manifest, commit, entries_under,
 from zckpt_nb.format.units import counted, secs
 from zckpt_nb.format.writer import DirectFile, skip_crc32
 from zckpt_nb.measure import meters
-from zckpt_nb.model import model_config
+from zckpt_nb.model import model_config, on_meta
 
 RANK_FILES, UNIVERSAL_COPY = "rank files", "universal copy"  # to-dcp's two routes (the manifest's conversion.route)
 
@@ -638,7 +637,7 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str, step: int | 
     manifest = dcp_manifest(folder)
     check_output(out)
     hf_config = model_config(config)  # a bad --config: now
-    source = open_dcp(folder, manifest, model_names(meta_model(hf_config)), step)
+    source = open_dcp(folder, manifest, model_names(on_meta(hf_config)), step)
     with staged(out) as tmp:
         tag = write_zero(tmp, source, hf_config)
     return read_manifest(universal_dir(out, tag))

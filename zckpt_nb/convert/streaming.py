@@ -33,8 +33,6 @@ from zckpt_nb.format.units import listed
 from zckpt_nb.format.writer import DirectFile
 from zckpt_nb.model import on_meta
 
-meta_model = on_meta  # the name convert.dcp imports
-
 WEIGHTS_PATTERN = "model{suffix}.safetensors"  # transformers' names: model.safetensors, model-00001-of-00003...
 
 
