@@ -163,8 +163,10 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     from safetensors.torch import load_file
 
     held = passed_checks(nb)
-    assert len(held) == 15, held
+    assert len(held) == 17, held
     assert any("equal the working weights: every route holds the weights it should" in line for line in held)
+    assert any("zero_to_fp32.py's peak above its imports holds its largest shard" in line for line in held)
+    assert (runs / "run_deepspeed" / "latest").read_text().strip() == (runs / "run" / "latest").read_text().strip()
     assert sum("the ranks logged exactly the predicted collective bytes" in line for line in held) == 2
     assert json.loads((runs / "run_flag_off.json").read_text()) == {"returned": False, "files": []}
     nproc = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["NPROC"]
