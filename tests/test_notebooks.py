@@ -320,7 +320,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (27 if get("GATHER_16BIT") else 28), held
+    assert len(held) == (30 if get("GATHER_16BIT") else 31), held
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
     predicted = sum(-(-s.numel() // nproc) for group in shapes for s in group.values())
     slices = [sum(t.numel() for t in safe_load(p)["optimizer_state_dict"]["fp32_flat_groups"])
@@ -377,6 +377,11 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sha256_file(changed) != shared[changed.name].sha256
     assert "✓ verify refused the copy, naming the changed RNG file" in held
 
+    one_rng = runs / "accelerate_one_rng"  # accelerate's RNG files of rank 0 only: adopt refuses, writes nothing
+    assert [p.name for p in one_rng.glob("random_states_*.pkl")] == ["random_states_0.pkl"]
+    assert not (one_rng / "pytorch_model" / "zckpt_manifest.json").exists()
+    assert any(line.startswith("✓ adopt refused it: accelerate's RNG states cover other ranks") for line in held)
+    assert any(line.startswith("✓ each file on disk, hashed here, has the SHA-256") for line in held)
 
 def stream_text(nb: nbformat.NotebookNode) -> str:
     """Everything the code cells printed."""
