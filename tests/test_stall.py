@@ -27,10 +27,11 @@ def cells() -> list[str]:
 
 
 def probe(folder: Path) -> Path:
-    """The probe script of the notebook's `%%writefile` cell, written into `folder`."""
-    source = next(c for c in cells() if c.startswith("%%writefile"))
+    """The probe script of the notebook's `%%writefile` cells (the first, then each `%%writefile -a`), in `folder`."""
+    parts = [c.split("\n", 1)[1] for c in cells()
+             if c.startswith("%%writefile") and "stall_probe.py" in c.split("\n", 1)[0]]
     path = folder / "stall_probe.py"
-    path.write_text(source.split("\n", 1)[1] + "\n")
+    path.write_text("\n".join(parts) + "\n")
     return path
 
 
