@@ -146,9 +146,8 @@ def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size:
     peft = bool(adapter_source) or merge or is_peft(lazy)
     # this package's worker built the model from the preset the manifest names: its names are that model's
     built_here = config_source is None and bool((manifest.identity or {}).get("model"))
-    digests: dict[str, str] = {}  # the weight files', hashed as written
     tensors = write_peft(ckpt_dir, lazy, config, dest, max_shard_size, adapter_source, merge) if peft else \
-        write_weights(ckpt_dir, tag, lazy, config, dest, max_shard_size, check=not built_here, digests=digests)
+        write_weights(ckpt_dir, tag, lazy, config, dest, max_shard_size, check=not built_here)
     tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
         if (ckpt_dir / "tokenizer.json").is_file() else None
     # the data-parallel world size DeepSpeed recorded in rank 0's model-states file (read weights-only)
@@ -159,8 +158,7 @@ def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size:
     mask = umask()
     for path in [dest, *dest.rglob("*")]:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
-    # the manifest: what --overwrite replaces
-    commit(dest, Manifest(tag, facts["steps"], entries_under(dest, digests), kind=EXPORT_KIND))
+    commit(dest, Manifest(tag, facts["steps"], entries_under(dest), kind=EXPORT_KIND))  # what --overwrite replaces
 
 
 def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",

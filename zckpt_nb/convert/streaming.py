@@ -30,7 +30,6 @@ from zckpt_nb.convert.zero_shards import check_frozen_kept
 from zckpt_nb.errors import UsageError, first_line
 from zckpt_nb.format.disk import PAGE
 from zckpt_nb.format.units import listed
-from zckpt_nb.format.writer import DirectFile
 from zckpt_nb.model import on_meta
 
 WEIGHTS_PATTERN = "model{suffix}.safetensors"  # transformers' names: model.safetensors, model-00001-of-00003...
@@ -210,29 +209,26 @@ def write_piece(f: Any, piece: Any, mapped: MappedFiles) -> None:
         drop_pages(base + i, base + min(i + STEP, len(data)), mapped)
 
 
-def write_safetensors(path: Path, tensors: dict[str, Any], mapped: MappedFiles) -> str:
+def write_safetensors(path: Path, tensors: dict[str, Any], mapped: MappedFiles) -> None:
     """One safetensors file of `tensors`, written piece by piece from the rank files: no tensor is built in memory.
-    Its SHA-256.
 
     transformers' and safetensors' writers need each tensor whole in memory (DeepSpeed's `contiguous()` copies it
-    out first); streaming the slices keeps the export's memory at STEP bytes whatever the shard size. The pieces go
-    through the package's hashing writer (`format.writer.DirectFile`): its thread hashes and writes one block while
-    the next is copied from the mapped rank files (reads overlap writes), and the file is fsynced at close.
+    out first); streaming the slices keeps the export's memory at STEP bytes whatever the shard size. The write is
+    synchronous on purpose: each step's pages of the mapped rank files are dropped right after it is written, which a
+    writer that copies on another thread (`format.writer.DirectFile`) would read back in after the drop.
     """
-    with DirectFile(path) as f:
+    with open(path, "wb") as f:
         f.write(header(tensors))
         for t in tensors.values():
             for piece in rank_slices(t):
                 write_piece(f, piece, mapped)
-    return f.hexdigest()
 
 
-def write_shards(tensors: dict[str, Any], plan: Any, dest: Path, digests: dict[str, str] | None = None) -> None:
-    """Write every shard of `plan` (each one's SHA-256 into `digests`, by file name); the index when there is more
-    than one."""
-    mapped, digests = MappedFiles(), {} if digests is None else digests
+def write_shards(tensors: dict[str, Any], plan: Any, dest: Path) -> None:
+    """Write every shard of `plan`; the index when there is more than one."""
+    mapped = MappedFiles()
     for filename, names in plan.filename_to_tensors.items():
-        digests[filename] = write_safetensors(dest / filename, {n: tensors[n] for n in names}, mapped)
+        write_safetensors(dest / filename, {n: tensors[n] for n in names}, mapped)
     if plan.is_sharded:
         total = sum(t.shape.numel() for t in tensors.values())
         index = {"metadata": {**plan.metadata, "total_parameters": total}, "weight_map": plan.tensor_to_filename}
@@ -240,9 +236,9 @@ def write_shards(tensors: dict[str, Any], plan: Any, dest: Path, digests: dict[s
 
 
 def write_weights(ckpt_dir: Path, tag: str, lazy: dict[str, Any], config: Any, dest: Path, max_shard_size: int,
-                  check: bool = False, digests: dict[str, str] | None = None) -> dict[str, Any]:
+                  check: bool = False) -> dict[str, Any]:
     """Write the weights of `lazy` (checkpoint `tag`'s lazy state dict), `config.json` and `generation_config.json`
-    into `dest` (each weight file's SHA-256 into `digests`); return the tensors written.
+    into `dest`; return the tensors written.
 
     Names, shapes and ties come from the checkpoint (the engine's own module); with `check` they are compared with a
     model built from `config` first (importing a model class costs more than the whole conversion of a small model).
@@ -254,7 +250,7 @@ def write_weights(ckpt_dir: Path, tag: str, lazy: dict[str, Any], config: Any, d
                       ckpt_dir / tag)
     tensors = stored_names(lazy)
     check_shapes(config, tensors, build=check)
-    write_shards(tensors, plan_shards(tensors, max_shard_size), dest, digests)
+    write_shards(tensors, plan_shards(tensors, max_shard_size), dest)
     # what save_pretrained records: the class that loads the weights, and their dtype (fp32 master weights)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     config.dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
