@@ -45,12 +45,16 @@ def check_parameters(path: Path, parameters: dict[str, Any]) -> None:
 
 def ipc_kernel_manager() -> type:
     """A kernel manager whose kernel talks over local sockets (IPC), not TCP: nothing leaves the machine, and the
-    kernel has no unencrypted TCP port to warn about."""
+    kernel has no unencrypted TCP port to warn about. The sockets live in a temporary folder, not beside the
+    notebook (a killed kernel would leave them there)."""
+    import tempfile
+
     from jupyter_client.manager import AsyncKernelManager
 
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kwargs: Any) -> None:
-            super().__init__(transport="ipc", **kwargs)
+            ip = str(Path(tempfile.mkdtemp(prefix="zckpt-kernel-")) / "ipc")
+            super().__init__(transport="ipc", ip=ip, **kwargs)
 
     return IPCKernelManager
 
