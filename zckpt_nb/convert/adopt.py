@@ -1,18 +1,9 @@
 """Adopt a DeepSpeed ZeRO-3 checkpoint this package did not write: check that it is whole, then commit it.
 
-A checkpoint written by DeepSpeed alone (a raw engine's `save_checkpoint`, Hugging Face `Trainer`'s
-`checkpoint-N/global_stepN`, accelerate) has no manifest, so `verify`, `export` and `reshard` cannot tell a complete
-one from a save that died half-way. `adopt` looks at the files themselves: every rank 0..N-1 has its model-states
-and optimizer-states file, every file unpickles weights-only (nothing beyond the allowlist of `convert.safeload`),
-every file agrees on the world size and the ZeRO stage is 3. Then each file is fsynced and hashed, and a manifest is
-written last, as the commit protocol writes one, recording under `adopted` what the files say of themselves
-(DeepSpeed's version, the world size, the dtype, the step). An incomplete checkpoint is refused naming what is
-missing, and nothing is written.
-
-accelerate's `save_state` with a DeepSpeed plugin writes its own files beside the tag folder (each rank's RNG states,
-and the main process's scheduler, sampler, dataloader and custom states): `adopt` lists them under the manifest's
-`shared` with their size and SHA-256, so `verify` checks them like the rest. They are pickles: they are only hashed,
-never unpickled, here or in `verify`.
+A checkpoint DeepSpeed wrote alone (a raw engine, Hugging Face `Trainer`, accelerate) has no manifest. `adopt` checks
+the files themselves (every rank's two files, each unpickled weights-only, one world size, ZeRO stage 3), then hashes,
+fsyncs and commits them, recording under `adopted` what they say of themselves; accelerate's files beside the tag are
+listed under `shared`, hashed and never unpickled. An incomplete checkpoint is refused and nothing is written.
 """
 
 from __future__ import annotations
@@ -31,10 +22,7 @@ from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_na
 from zckpt_nb.format.manifest import FileEntry, Manifest, commit, file_entry, shared_entries
 from zckpt_nb.format.units import counted
 
-# What accelerate's save_state writes beside DeepSpeed's tag folder (accelerate.checkpointing.save_accelerator_state
-# and save_custom_state; names from accelerate.utils.constants): random_states_<process>.pkl on every process;
-# scheduler.bin / scheduler_<i>.bin (a scheduler DeepSpeed does not own), sampler[_<i>].bin, dl_state_dict[_<i>].bin,
-# scaler.pt and custom_checkpoint_<i>.pkl from the main process.
+# What accelerate's save_state writes beside DeepSpeed's tag folder (names from accelerate.utils.constants)
 ACCELERATE_FILE = re.compile(r"random_states_(\d+)\.pkl|(?:scheduler|sampler|dl_state_dict)(?:_\d+)?\.bin|scaler\.pt"
                              r"|custom_checkpoint_\d+\.pkl")
 
@@ -85,8 +73,7 @@ def read_facts(tag_dir: Path, files: dict[int, dict[str, Path]]) -> dict[str, An
 
 
 def accelerate_entries(ckpt_dir: Path, world: int) -> list[FileEntry]:
-    """An entry (size, SHA-256; read as bytes, never unpickled) for each of accelerate's files beside the tag folder,
-    its RNG states under the rank that wrote them; refused if they cover other ranks than the checkpoint's."""
+    """An entry (hashed, never unpickled) for each of accelerate's files beside the tag, RNG states by rank."""
     found = {}
     for path in sorted(ckpt_dir.iterdir()):
         match = ACCELERATE_FILE.fullmatch(path.name)
@@ -120,10 +107,7 @@ def check_rank_files(tag_dir: Path, files: dict[int, dict[str, Path]], world: in
 
 
 def adopt(path: str | Path, tag: str | None = None) -> Manifest:
-    """Check a ZeRO-3 checkpoint this package did not write and commit it; returns its verified manifest.
-
-    A tag that is already committed is only verified. Nothing is written unless every check passes.
-    """
+    """Check a ZeRO-3 checkpoint this package did not write and commit it (a committed tag is only verified)."""
     ckpt_dir, tag = locate(path, tag)
     tag_dir = ckpt_dir / tag
     if (tag_dir / MANIFEST).is_file():
@@ -149,8 +133,7 @@ def adopt(path: str | Path, tag: str | None = None) -> Manifest:
 
 def commit_adopted(ckpt_dir: Path, tag: str, files: dict[int, dict[str, Path]], facts: dict[str, Any],
                    extras: list[FileEntry]) -> None:
-    """Every file hashed, then committed (`format.manifest.commit`: fsynced, as DeepSpeed never does, then the
-    manifest written last); `extras` (accelerate's files beside the tag) listed under `shared` with the rest."""
+    """Commit the hashed files (fsynced, manifest last), accelerate's `extras` under `shared`."""
     tag_dir = ckpt_dir / tag
     entries = [file_entry(path, tag_dir, rank=rank) for rank, kinds in sorted(files.items())
                for path in sorted(kinds.values())]

@@ -29,12 +29,7 @@ def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
 
 
 def collect(parts: list[str | Path], out: str | Path, tag: str | None = None) -> Manifest:
-    """Assemble the node-local parts of checkpoint `tag` (default: what `latest` names) into one folder `out`.
-
-    Each part is verified first (its own files' sizes and SHA-256 against its manifest), the copies again at the
-    end, so `out` is a plain checkpoint folder that `export` and DeepSpeed's `zero_to_fp32.py` read. Returns its
-    manifest; CheckpointError in one line otherwise.
-    """
+    """Assemble the verified node-local parts of checkpoint `tag` into one folder `out`; its verified manifest."""
     parts, out = [Path(p) for p in parts], Path(out).absolute()
     check_output(out)
     tag = tag or latest_name(parts[0])

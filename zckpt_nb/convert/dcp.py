@@ -1,27 +1,10 @@
-"""Leave DeepSpeed with the optimizer: a ZeRO-3 checkpoint as a PyTorch DCP checkpoint that FSDP2 loads on any N.
+"""A ZeRO-3 checkpoint as a PyTorch DCP checkpoint with its AdamW state (`to_dcp`), and back (`from_dcp`).
 
-The known way out of DeepSpeed (zero_to_fp32, then safetensors) keeps the weights and drops Adam's moments. Here a
-checkpoint's fp32 weights and both moments, read straight from its rank files (`convert.zero_shards`) or, where a
-universal copy of it is committed or its files are not plain ZeRO-3, from that copy (`convert.reshard`: one folder per
-parameter), are written as a `torch.distributed.checkpoint` (DCP) checkpoint under torchtitan's top-level names:
-
-- "model": what `get_state_dict(model, optimizer)` gives for the same Hugging Face model under FSDP2 (a tied weight
-  under each of its names, as `model.state_dict()` lists them);
-- "optimizer": what it gives for `torch.optim.AdamW` (per parameter FQN `exp_avg`, `exp_avg_sq`, `step`; the param
-  group's lr, betas, eps, weight decay), which continues DeepSpeed's `torch_adam` AdamW exactly: it is the same class;
-- "lr_scheduler": DeepSpeed's scheduler state (WarmupDecayLR's `last_batch_iteration`); "train_state": the step, the
-  data position (seed, global batch) and the LR horizon.
-
-Full (unsharded) tensors are written; DCP reshards them into DTensors on load, on any world size. The writer streams:
-the state dict holds meta-device placeholders and the planner reads one tensor when DCP asks for it, freeing the one
-before; a frozen parameter's weights come from the model-states files (it has no moments). Every file is hashed as
-it is written (`format.writer.DirectFile`) and fsynced; DCP's `.metadata` is
-written last, then the package's manifest over every file, then the folder is renamed into place: committed like
-every other checkpoint here. The rank files' SHA-256 is checked against their manifest in a thread meanwhile; the
-output is committed only once every hash matched.
-
-`from_dcp` goes back: a DCP checkpoint of a causal LM, the package's or any `dcp.save` of `get_state_dict` or a
-torchtitan step folder (the layouts: `convert.dcp_layout`), into DeepSpeed's universal layout, staged and committed.
+to-dcp streams each parameter's fp32 weights and moments, one tensor at a time, from the rank files
+(`convert.zero_shards`) or a universal copy (`convert.reshard`) into the state dict `get_state_dict(model, optimizer)`
+gives under FSDP2, with torchtitan's top-level names; every file is hashed as written and the folder committed only
+once the rank files' SHA-256 matched. from-dcp reads any DCP checkpoint of a causal LM (`convert.dcp_layout`) without
+running code from its bytes and writes DeepSpeed's universal layout. docs/dcp.md describes both.
 """
 
 from __future__ import annotations
@@ -64,13 +47,6 @@ from zckpt_nb.model import model_config, on_meta
 RANK_FILES, UNIVERSAL_COPY = "rank files", "universal copy"  # to-dcp's two routes (the manifest's conversion.route)
 
 
-def rss_now() -> int:
-    """This process's resident set size now, in bytes (the baseline a peak is compared with)."""
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
 M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD = -3, 128 << 10  # glibc's malloc.h; its default, mallopt(3)
 
 
@@ -87,16 +63,7 @@ def set_mmap_threshold(nbytes: int) -> None:
 
 @contextmanager
 def large_frees_returned() -> Iterator[None]:
-    """Within: glibc gives every freed block of 1 MiB or more back to the kernel at once (a fixed M_MMAP_THRESHOLD).
-
-    By default glibc raises its mmap threshold after each large free (up to 32 MiB), after which tensors come from
-    its heap, which it keeps: on `large` the writer's RSS rose 0.75-0.9 GiB above its baseline in runs whose source
-    files were cold in the page cache, 0.1 GiB with the threshold fixed. Neither torch nor Python sets this; glibc's
-    mallopt does (no-op elsewhere). glibc has no getter for the threshold, so on exit it is set back to its documented
-    default, 128 KiB (mallopt(3)), not to what it was: a threshold set through mallopt stays fixed, so glibc's raising
-    of it after large frees stays off in this process (blocks of 128 KiB or more keep being mmapped, as before the
-    first large free of a fresh process).
-    """
+    """Within: glibc returns freed blocks of 1 MiB or more to the kernel at once; after: its default, 128 KiB."""
     set_mmap_threshold(1 << 20)
     try:
         yield
@@ -105,8 +72,7 @@ def large_frees_returned() -> Iterator[None]:
 
 
 def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]:
-    """The AdamW param group (without its params) and the step from DeepSpeed's optimizer state (rank 0's optimizer
-    file, or the universal copy's optimizer_state.pt: the same dict), memory-mapped: only the step is read."""
+    """The AdamW param group (without its params) and the step from DeepSpeed's optimizer state dict."""
     groups, state = optim["optimizer_state_dict"]["param_groups"], optim["optimizer_state_dict"]["state"]
     if len(groups) != 1:
         raise CheckpointError(f"{where} has {len(groups)} optimizer parameter groups; to-dcp converts one")
@@ -165,15 +131,7 @@ def dcp_state(source: Source) -> tuple[dict[str, Any], dict[int, tuple[str, str]
 
 
 def streaming_planner(source: Source, sources: dict[int, tuple[str, str]]) -> Any:
-    """A DCP save planner that reads each placeholder's tensor in a thread (`convert.prefetch`) while the writer
-    writes the one before: at most two of them in memory at once.
-
-    DCP's FileSystemWriter keeps a reference to every tensor it wrote into a file until that file is closed (it
-    builds a dict of them for its safetensors format), so the tensor before is freed here once it is written: the
-    writer asks for the next one only after writing the last. No DCP option bounds this; hence the subclass. With
-    one writer thread (`thread_count=1`, one file) DCP asks for the tensors in its final plan's order, which
-    `finish_plan` hands the reader thread; several writer threads would each free the other's tensors.
-    """
+    """A DCP save planner that reads each tensor in a thread and frees the one before it (docs/dcp.md)."""
     from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint.planner import WriteItemType
 
@@ -212,10 +170,7 @@ def streaming_planner(source: Source, sources: dict[int, tuple[str, str]]) -> An
 
 
 def hashing_writer(out: Path) -> Any:
-    """DCP's FileSystemWriter into `out`, fsyncing every file (`sync_files`) and writing each through the package's
-    hashing writer (`format.writer.DirectFile`: no DCP option hashes what it writes; its extension point is the
-    `FileSystem` that opens each stream); its `digests` maps each file's name (as renamed: DCP writes `.metadata`
-    under a temporary name) to its SHA-256."""
+    """DCP's FileSystemWriter through `DirectFile` (fsynced); `digests`: SHA-256 by final file name."""
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import FileSystem
 
@@ -242,15 +197,16 @@ def hashing_writer(out: Path) -> Any:
 
 
 def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Write `source` as a DCP checkpoint into `out` (no process group), durably; seconds and peak RSS, and each
-    file's SHA-256 by name."""
+    """Write `source` as a DCP checkpoint into `out`, durably; its seconds and RSS, each file's SHA-256."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
 
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # no process group is the point
+    import psutil
+
     meters.reset_rss_high_water()
-    baseline, start = rss_now(), time.perf_counter()
+    baseline, start = psutil.Process().memory_info().rss, time.perf_counter()
     state, sources = dcp_state(source)
     planner, writer = streaming_planner(source, sources), hashing_writer(out)
     skip_crc32()  # torch.save's per-record CRC-32: every file's SHA-256 goes in the manifest (format.writer)
@@ -265,8 +221,7 @@ def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]
 
 
 def largest_state_bytes(ckpt_dir: str | Path, tag: str) -> int:
-    """The bound's unit: the largest parameter's fp32 state (weights and both Adam moments; a frozen one's weights
-    only), in bytes, read from the tag's rank files or, where it has none, its universal copy."""
+    """The largest parameter's fp32 state in bytes, from the tag's rank files or else its universal copy."""
     folder = Path(ckpt_dir) / tag
     return ShardReader(folder if any(folder.glob("*_model_states.pt")) else universal_dir(ckpt_dir, tag)).unit
 
@@ -279,8 +234,7 @@ def timed_check(files: list[tuple[Path, FileEntry]]) -> float:
 
 
 def plain_source(folder: Path, manifest: Manifest) -> Source | None:
-    """A tag folder's rank files as the source, indexed, where they hold the plain ZeRO-3 layout; else None (ZeRO-1/2,
-    model parallel: DeepSpeed's ds_to_universal reads those)."""
+    """A tag folder's rank files as the source, indexed, where they hold the plain ZeRO-3 layout; else None."""
     source = Source(folder, manifest, universal=False)
     if not source.shards.plain():
         return None
@@ -302,13 +256,7 @@ def config_beside(ckpt_dir: Path) -> Any:
 
 
 def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple[Source, dict[str, Any], Any]:
-    """The source to-dcp streams from, what it is (route, manifest, cost), and the rank files' SHA-256 check running
-    in `pool` (None for the universal copy, which is verified whole first).
-
-    The tag's own rank files are read directly where no universal copy of it is committed yet (unless `route` asks
-    for them), every rank's files are in this folder, and they hold the plain ZeRO-3 layout; else its universal copy
-    is read (made first if missing), or CheckpointError where `route` asked for the rank files.
-    """
+    """The source to-dcp reads (rank files or universal copy), its facts, and the rank files' hash check."""
     reuse = route == UNIVERSAL_COPY or (route is None and reusable(ckpt_dir, tag) is not None)
     manifest, files = (None, []) if reuse else listed_files(ckpt_dir, tag)  # nothing unlisted, every size: first
     if manifest and manifest.world_size and not manifest.elsewhere():  # else from-dcp's output, a node's part
@@ -336,8 +284,7 @@ def dcp_cause(error: BaseException) -> BaseException:
 
 
 def checked_first(check: Any, error: BaseException) -> BaseException:
-    """The rank files' check's error where it failed (a corrupted file explains what went wrong after), else
-    `error` (unwrapped from DCP's exception); waits for the check."""
+    """The rank files' failed check (waited for), else `error` unwrapped from DCP's exception."""
     failed = check.exception() if check is not None else None
     cause = dcp_cause(error)
     return failed or os_error_in(cause) or cause  # a full disk is said as such, not as torch's zip writer's words
@@ -352,13 +299,7 @@ def verified(check: Any) -> dict[str, float]:
 
 def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
            route: str | None = None) -> Manifest:
-    """Convert committed checkpoint `tag` (default: the newest) of `ckpt_dir` into a committed DCP folder `out_dir`,
-    streamed from its rank files, or from its universal copy where one is committed or the files are not plain
-    ZeRO-3 (made first if missing); `route` ("rank files", "universal copy") forces one.
-
-    The rank files are hashed in a thread while they are read and written out: nothing is committed before every
-    hash matched; on a mismatch the unfinished folder is deleted and the earlier `out_dir`, if any, kept.
-    """
+    """Convert committed checkpoint `tag` of `ckpt_dir` into a committed DCP folder `out_dir` (docs/dcp.md)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from torch.distributed.checkpoint import CheckpointException  # DCP's, a BaseException: caught by name
@@ -407,10 +348,7 @@ MAX_METADATA_BYTES = 1 << 28
 
 
 class MetadataUnpickler(pickle.Unpickler):
-    """DCP's `.metadata` unpickled building only `DCP_TYPES` and dtypes: a forged file cannot name a callable.
-
-    DCP's own `FileSystemReader.read_metadata` is a plain `pickle.load`, which runs whatever the file names.
-    """
+    """DCP's `.metadata` unpickled building only `DCP_TYPES` and dtypes (DCP's own reader is a plain pickle.load)."""
 
     def find_class(self, module: str, name: str) -> Any:
         import torch
@@ -421,8 +359,7 @@ class MetadataUnpickler(pickle.Unpickler):
 
 
 def dcp_metadata(folder: Path) -> Any:
-    """`folder`'s DCP metadata, unpickled by `MetadataUnpickler` and checked (`check_metadata`); CheckpointError in
-    one line otherwise."""
+    """`folder`'s DCP metadata, unpickled by `MetadataUnpickler` and checked; CheckpointError in one line otherwise."""
     path = folder / ".metadata"
     try:
         with open(path, "rb") as f:
@@ -439,8 +376,7 @@ def dcp_metadata(folder: Path) -> Any:
 
 
 def check_metadata(metadata: Any, folder: Path) -> None:
-    """Every item of DCP's `metadata` lies inside a file of `folder`, untransformed, and no tensor is larger than
-    the files hold (nothing read or allocated past them)."""
+    """Every item of `metadata` lies inside a file of `folder`, and no tensor is larger than the files."""
     import torch
     from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
@@ -473,8 +409,7 @@ def verified_reader(folder: Path, metadata: Any) -> Any:
 
 
 def weights_only_planner() -> Any:
-    """DCP's DefaultLoadPlanner whose byte items (non-tensor values) are unpickled weights-only first: DCP's own
-    `load_bytes` uses weights_only=False, so it runs only on bytes that built plain data that way."""
+    """DCP's DefaultLoadPlanner that unpickles each byte item weights-only before DCP's own weights_only=False."""
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     class WeightsOnlyPlanner(DefaultLoadPlanner):
@@ -487,8 +422,7 @@ def weights_only_planner() -> Any:
 
 
 def read_dcp(folder: Path, keys: dict[str, Any], no_dist: bool = True) -> dict[str, Any]:
-    """Load `keys` (fqn -> an empty tensor or a placeholder value) from the DCP checkpoint `folder` without running
-    code from its bytes (`verified_reader`, `weights_only_planner`); no process group unless `no_dist` is False."""
+    """Load `keys` (fqn -> empty tensor or placeholder) from DCP folder `folder`, running no code from it."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
@@ -507,8 +441,7 @@ def read_dcp(folder: Path, keys: dict[str, Any], no_dist: bool = True) -> dict[s
 
 @dataclass(frozen=True)
 class DcpSource:
-    """A DCP checkpoint from-dcp reads: where its tensors are (`layout`), for which model (`names`), its param group,
-    its other values (LR scheduler, train state), step, and what vouches for it (its manifest, or none)."""
+    """A DCP checkpoint from-dcp reads: its manifest (or none), model, layout, param group, other values, step."""
 
     folder: Path
     manifest: Manifest | None
@@ -525,8 +458,7 @@ class DcpSource:
 
 
 def dcp_manifest(folder: Path) -> Manifest | None:
-    """The package's manifest of a DCP checkpoint, verified as every committed folder is (nothing unlisted, every
-    size and SHA-256); None for a checkpoint it did not write, found by DCP's `.metadata` (dcp.save writes it last)."""
+    """The package's manifest of a DCP checkpoint, verified; None for one it did not write (DCP's `.metadata`)."""
     if (folder / MANIFEST).is_file():
         return verify_folder(folder, DCP_KIND)
     if (folder / ".metadata").is_file():
@@ -549,8 +481,7 @@ def open_dcp(folder: Path, manifest: Manifest | None, names: ModelNames, step: i
 
 
 def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
-    """The parameters in order, grouped so that a group's fp32 state (weights and both moments) stays within the
-    largest parameter's: one dcp.load per group, whose fixed cost (~50 ms a call on `large`) is paid less often."""
+    """The parameters in order, in groups whose fp32 state stays within the largest parameter's (one dcp.load each)."""
     limit, groups, size = 12 * max(math.prod(s) for s in params.values()), [[]], 0
     for name, shape in params.items():
         if groups[-1] and size + 12 * math.prod(shape) > limit:
@@ -561,8 +492,7 @@ def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
 
 
 def read_params(source: DcpSource, names: list[str]) -> dict[str, Any]:
-    """Parameters `names`' fp32 weights, both moments and Adam steps, read from the DCP checkpoint in one dcp.load,
-    by their keys there."""
+    """Parameters `names`' fp32 weights, moments and Adam steps in one dcp.load, by their keys there."""
     import torch
 
     keys: dict[str, Any] = {}
@@ -575,8 +505,7 @@ def read_params(source: DcpSource, names: list[str]) -> dict[str, Any]:
 
 def write_params(source: DcpSource, zero: Path, names: list[str], got: dict[str, Any],
                  digests: dict[str, str]) -> list[Any]:
-    """Parameters `names`' tensors `got` (`read_params`) into zero/<name>/ (flat, as ds_to_universal writes them),
-    each file's SHA-256 into `digests`; their Adam steps."""
+    """Write `got`'s tensors into zero/<name>/ as ds_to_universal does, hashes into `digests`; their steps."""
     at = source.layout
     for name in names:
         (zero / name).mkdir(parents=True)
@@ -587,8 +516,7 @@ def write_params(source: DcpSource, zero: Path, names: list[str], got: dict[str,
 
 
 def written_params(source: DcpSource, zero: Path, digests: dict[str, str]) -> list[Any]:
-    """Every parameter written into zero/ in batches (`param_batches`), the next batch read in a thread
-    (`convert.prefetch`) while the one before is written: two batches in memory at most. Their Adam steps."""
+    """Every parameter written into zero/, the next batch read in a thread while one is written; their Adam steps."""
     from zckpt_nb.convert.prefetch import Prefetch
 
     batches = param_batches(source.names.params)
@@ -601,8 +529,7 @@ def written_params(source: DcpSource, zero: Path, digests: dict[str, str]) -> li
 
 
 def save(obj: Any, path: Path) -> str:
-    """torch.save through the package's hashing writer (hashed as written, fsynced at close; a full disk raises its
-    OSError there, where torch's C++ writer given a path says only "iostream error"); its SHA-256."""
+    """torch.save through `format.writer.DirectFile` (a full disk raises its OSError); the file's SHA-256."""
     import torch
 
     with DirectFile(path) as f:
@@ -611,8 +538,7 @@ def save(obj: Any, path: Path) -> str:
 
 
 def zero_states(source: DcpSource) -> dict[str, Any]:
-    """The model-states file DeepSpeed's universal load reads (rank 0's): names, shapes, ties, scheduler, client
-    state (the package's train state, with the step); global_samples only where the global batch is known."""
+    """The model-states file DeepSpeed's universal load reads (rank 0's), the train state as client state."""
     from collections import OrderedDict
 
     import deepspeed
@@ -630,9 +556,7 @@ def zero_states(source: DcpSource) -> dict[str, Any]:
 
 
 def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str, step: int | None = None) -> Manifest:
-    """Convert a DCP checkpoint of a causal LM (to-dcp's, the FSDP2 worker's, or any `dcp.save` of `get_state_dict`
-    or torchtitan's step folder) into a ZeRO-3 checkpoint folder `out_dir` whose universal copy DeepSpeed loads on any
-    number of ranks; `step` where the checkpoint records none. Returns the universal manifest."""
+    """Convert a DCP checkpoint of a causal LM into a ZeRO-3 folder holding a universal copy; its manifest."""
     folder, out = Path(dcp_dir), Path(out_dir).absolute()
     manifest = dcp_manifest(folder)
     check_output(out)

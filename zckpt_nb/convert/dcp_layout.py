@@ -1,17 +1,9 @@
 """Where a DCP checkpoint of a causal LM keeps its weights, Adam's moments, param group and step, found by layout.
 
-Three layouts are read, all as DCP flattens them into its metadata's keys (`<top>.<fqn>...`):
-
-- nested, as `get_state_dict(model, optimizer)` gives them under FSDP2 and `dcp.save({"model": ..., "optim" or
-  "optimizer": ...})` writes them: `model.<fqn>`, `<optim>.state.<fqn>.{exp_avg, exp_avg_sq, step}`,
-  `<optim>.param_groups.0.{lr, betas, ..., params}` (to-dcp's output and the FSDP2 worker's are this layout);
-- flattened (`StateDictOptions(flatten_optimizer_state_dict=True)`): the same state keys, the param group's items
-  once per parameter, `<optim>.param_groups.<fqn>.lr`, ...;
-- torchtitan's step folder: the model's keys at top level (`<fqn>`), a flattened `optimizer`, `lr_scheduler`,
-  `dataloader`, `train_state` (`step` a tensor).
-
-The parameter names come from the model `--config` builds (on the meta device): the layout whose keys hold every
-one of them, with the config's shapes, is the one read. Nothing here reads a tensor or unpickles a byte.
+Three layouts, as DCP flattens them into its metadata's keys: nested (`get_state_dict` under FSDP2: `model.<fqn>`,
+`<optim>.state.<fqn>.exp_avg`, `<optim>.param_groups.0.lr`), flattened (`flatten_optimizer_state_dict=True`: the
+group's items once per parameter) and torchtitan's step folder (the model's keys at top level). The layout is the one
+whose keys hold every parameter of the model `--config` builds, with its shape. Nothing here reads a tensor.
 """
 
 from __future__ import annotations
@@ -123,8 +115,7 @@ def find_layout(folder: Path, meta: dict[str, Any], names: ModelNames) -> Layout
 
 
 def global_keys(meta: dict[str, Any], layout: Layout) -> dict[str, Any]:
-    """What to read besides the tensors (key -> a placeholder for `read_dcp`): the param group's items, the LR
-    scheduler's, the package's train-state keys and a tensor step. Nothing else is read (a dataloader's bytes)."""
+    """What to read besides tensors: the param group, LR scheduler and the package's train state."""
     import torch
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
@@ -164,8 +155,7 @@ def saved_step(folder: Path, values: dict[str, Any]) -> int | None:
 
 
 def resolve_step(folder: Path, saved: int | None, given: int | None) -> int:
-    """The step of the checkpoint: saved in it, else `--step`, else from the folder's name (step-100,
-    global_step100, checkpoint-100, iter_0000100); CheckpointError in one line when they disagree or none says."""
+    """The step: saved in the checkpoint, else `--step`, else from the folder's name (step-100, ...)."""
     if saved is not None and given is not None and saved != given:
         raise CheckpointError(f"{folder} records step {saved}, but --step says {given}: drop --step")
     found = STEP_IN_NAME.search(folder.name)

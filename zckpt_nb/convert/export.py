@@ -1,18 +1,9 @@
-"""Route 4: export a partitioned ZeRO-3 checkpoint as a Hugging Face model folder, and use it without DeepSpeed.
+"""Export a partitioned ZeRO-3 checkpoint as a Hugging Face model folder, and use it without DeepSpeed.
 
-The folder holds `config.json`, `generation_config.json`, the weights as safetensors (sharded with an index above
-`max_shard_size`) and the tokenizer files. `AutoModelForCausalLM.from_pretrained(dir)` and
-`pipeline("text-generation", model=dir)` load it in a process that never imports DeepSpeed.
-
-Tied weights: GPT-2's `lm_head.weight` *is* `transformer.wte.weight`. safetensors refuses two names for one storage,
-which is why DeepSpeed 0.19.8's `zero_to_fp32.py --safe_serialization` fails on this model. DeepSpeed's lazy
-conversion lists the tied name as the same object; the export stores the matrix once, as transformers'
-`save_pretrained` does, streaming each tensor from the rank files (`zckpt_nb.convert.streaming`).
-
-A peft run (its weights under peft's names) exports as its adapter folder, or merged with `merge`
-(`zckpt_nb.convert.peft_export`). Weights whose names are not the config's model's are refused, never written.
-
-This module imports neither DeepSpeed nor torch at import time, so `generate` stays DeepSpeed-free.
+The folder holds `config.json`, `generation_config.json`, the weights as safetensors streamed from the rank files with
+a tied weight stored once (`convert.streaming`; a peft run: `convert.peft_export`), the tokenizer and a model card;
+`from_pretrained` and `pipeline` load it without DeepSpeed. This module imports neither DeepSpeed nor torch at import
+time, so `generate` stays DeepSpeed-free.
 """
 
 from __future__ import annotations
@@ -34,18 +25,12 @@ from zckpt_nb.format.records import Route, SaveCost
 from zckpt_nb.measure.meters import measure_offline_route
 from zckpt_nb.model import gpt2_config
 
-# What each file of an export is for.
 PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer_class that transformers 4.x and 5 both load
-
-
 LOADING_KEYS = ("is_local", "local_files_only")  # how transformers 5 loaded the checkpoint's tokenizer, not settings
 
 
 def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None = None) -> Manifest:
-    """Raise UsageError unless `ckpt_dir` holds a committed, intact ZeRO-3 checkpoint `tag`; return its manifest.
-
-    Nothing is unpickled before every size and SHA-256 matches the manifest, and then only weights-only.
-    """
+    """The manifest of the committed, intact ZeRO-3 checkpoint `tag`, every file checked; else UsageError."""
     if not ckpt_dir.is_dir():
         raise UsageError(f"checkpoint dir {ckpt_dir} does not exist or is not a folder")
     newest = newest_committed(ckpt_dir, "exporting") if committed_tags(ckpt_dir) else None
@@ -75,8 +60,7 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None 
 
 
 def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
-    """Raise UsageError unless `out_dir` may be (re)written without touching the checkpoint: new, empty, or (with
-    `overwrite`) an earlier export holding only what its manifest lists."""
+    """UsageError unless `out_dir` is new, empty or (`overwrite`) an earlier export outside the checkpoint."""
     if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
         raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
     if out_dir.is_dir() and not out_dir.is_symlink() and any(out_dir.iterdir()) and not overwrite:
@@ -99,8 +83,7 @@ def check_shard_size(max_shard_size: str | int) -> int:
 
 
 def model_config(ckpt_dir: Path, config: str | Path | None = None) -> Any:
-    """The model's `transformers` config: `config` (a config.json or its folder), else `config.json` beside the
-    checkpoint, else the preset in `run.json`."""
+    """The model's config: `config`, else `config.json` beside the checkpoint, else `run.json`'s preset."""
     from transformers import AutoConfig
 
     source = Path(config) if config else ckpt_dir
@@ -139,8 +122,7 @@ def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
 def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size: int, name: str,
                  config_source: str | Path | None = None, adapter_source: str | Path | None = None,
                  merge: bool = False) -> None:
-    """Write the weights (streamed from the rank files, tied weights once; a peft run's adapter, or merged), the
-    tokenizer if the checkpoint has one, and the model card."""
+    """Write the weights (or a peft run's adapter), the tokenizer if there is one, and the model card."""
     tag, config = manifest.tag, model_config(ckpt_dir, config_source)
     lazy = lazy_state_dict(ckpt_dir, tag)
     peft = bool(adapter_source) or merge or is_peft(lazy)
@@ -164,13 +146,7 @@ def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size:
 def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None, max_shard_size: str | int = "5GB",
            overwrite: bool = False, config: str | Path | None = None, adapter_config: str | Path | None = None,
            merge: bool = False) -> Path:
-    """Export checkpoint `tag` (default: `latest`) of `ckpt_dir` as a Hugging Face folder `out_dir`; a peft run as
-    its adapter folder (`adapter_config`: the run's adapter_config.json, default the one beside the checkpoint), or
-    with `merge` as the model with the adapter merged.
-
-    Every check runs before anything is written; the folder is built beside `out_dir` and renamed into place at
-    the end, so a failure at any point leaves `out_dir` (and the checkpoint) as it was.
-    """
+    """Export checkpoint `tag` of `ckpt_dir` as a Hugging Face folder `out_dir` (a peft run: adapter or merged)."""
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
     manifest = check_checkpoint(ckpt_dir, tag, config)
     check_out_dir(out_dir, ckpt_dir, overwrite)
@@ -189,12 +165,7 @@ def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None
 
 def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: int = 40,
              token_ids: list[int] | None = None) -> str:
-    """Greedy text from an exported model through `pipeline("text-generation")`: prompt plus continuation; or,
-    given `token_ids` (a folder without a tokenizer), the ids of prompt plus continuation.
-
-    No word-piece trigram may repeat (transformers' `no_repeat_ngram_size`): greedy decoding of a model this small
-    otherwise settles into one token repeated ("will will will").
-    """
+    """Greedy continuation of `prompt` (or of `token_ids`, as ids) by the exported model, no trigram repeated."""
     from transformers import AutoConfig, AutoTokenizer, pipeline
 
     model_dir = Path(model_dir)

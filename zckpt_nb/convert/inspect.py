@@ -50,8 +50,7 @@ class CheckpointInfo:
 
 
 def excludes_frozen(states: dict[str, Any]) -> bool:
-    """Saved with DeepSpeed's `exclude_frozen_parameters=True`: its ZeRO-3 model states then hold `frozen_param_shapes`
-    as None (DeepSpeed 0.19.8 `_common_checkpoint_state`; an empty mapping where it kept them and none was frozen)."""
+    """Saved with `exclude_frozen_parameters=True` (its `frozen_param_shapes` is None)."""
     return "frozen_param_shapes" in states and states["frozen_param_shapes"] is None
 
 
@@ -61,8 +60,7 @@ def frozen_numel(states: dict[str, Any]) -> int:
 
 
 def shard_paths(tag_dir: Path, names: list[str] | None = None) -> dict[int, dict[str, Path]]:
-    """Map rank -> {'model': path, 'optim': path} for the rank files `names` (default: every one in the folder);
-    CheckpointError where two files claim one rank's model or optimizer states."""
+    """Rank -> {'model': path, 'optim': path} for the rank files `names` (default: the folder's)."""
     found: dict[int, dict[str, Path]] = {}
     for name in sorted(p.name for p in tag_dir.iterdir()) if names is None else names:
         m = RANK_FILE.search(name)
@@ -90,12 +88,7 @@ def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
 
 
 def inspect_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> CheckpointInfo:
-    """Read every rank's shard of checkpoint `tag` (default: what `latest` names) in `ckpt_dir`, read-only.
-
-    Any DeepSpeed ZeRO-3 checkpoint: a committed (or adopted) one is first checked against its manifest
-    (CheckpointError otherwise); one without a manifest is read as it is and said to be unverified. Every file is
-    unpickled weights-only either way.
-    """
+    """Every rank's shard of checkpoint `tag`, verified first where it has a manifest, read weights-only."""
     ckpt_dir = Path(ckpt_dir)
     tag = tag or latest_name(ckpt_dir)
     if tag is not None and not is_plain_name(tag):

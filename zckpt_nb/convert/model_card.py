@@ -18,8 +18,7 @@ CARD = "README.md"
 
 
 def loss_at(ckpt_dir: Path, step: int) -> tuple[float | None, str]:
-    """The training loss of the step that ended at `step` (the one saved as its tag), and where it was read: this
-    package's `run.json`, or the `trainer_state.json` Hugging Face `Trainer` writes beside its checkpoint."""
+    """The loss of the step that ended at `step`, and its source: `run.json` or Trainer's `trainer_state.json`."""
     run, trainer = read_log(ckpt_dir / "run.json"), read_log(ckpt_dir / "trainer_state.json")
     if run:
         losses = dict(zip(run.get("steps", []), run.get("losses", [])))
@@ -39,8 +38,7 @@ def read_log(path: Path) -> dict[str, Any]:
 
 def run_facts(ckpt_dir: Path, manifest: Manifest, config: Any, tensors: dict[str, Any], tokenizer: Any,
               world_size: int) -> dict[str, Any]:
-    """What the card states, each looked up in the checkpoint, its (checked) manifest, the training log or the
-    exported objects."""
+    """What the card states, each looked up in the checkpoint, manifest, training log or exported objects."""
     import transformers
 
     run, step, adopted = read_log(ckpt_dir / "run.json"), manifest.step, manifest.adopted

@@ -1,16 +1,8 @@
-"""Export a peft run (LoRA, or any adapter peft can merge): the adapter folder `PeftModel.save_pretrained` writes,
-or, merged, the plain model `AutoModelForCausalLM.from_pretrained` loads.
+"""Export a peft run (LoRA, or any adapter peft can merge): its adapter folder, or merged, a plain model folder.
 
-An engine that trained a `PeftModel` saves peft's names: `base_model.model.` before the wrapped model's own, and in
-each adapted layer `base_layer` and `lora_A.default`. A model built from `config.json` knows none of them. The peft
-model is rebuilt on the meta device from that config and the run's adapter config (peft's `get_peft_model`), its
-names and shapes checked against the checkpoint's, and peft writes the files:
-
-- the adapter: only the adapter's weights are read from the rank files (the base stays on the meta device), then
-  `PeftModel.save_pretrained`;
-- merged: every weight is read whole into memory (peft merges whole tensors, W + B @ A x scaling), then
-  `merge_and_unload` and transformers' `save_pretrained`. Unlike the plain export, this holds the fp32 model in
-  memory once.
+The peft model is rebuilt on the meta device from `config.json` and the run's adapter config, its names and shapes
+checked against the checkpoint's (peft's `base_model.model.` names), and peft writes the files: the adapter alone
+(only its weights read from the rank files), or every weight read whole, merged (`merge_and_unload`) and saved.
 """
 
 from __future__ import annotations
@@ -72,11 +64,7 @@ def materialize(model: Any, lazy: dict[str, Any], names: set[str]) -> None:
 
 
 def write_adapter(model: Any, lazy: dict[str, Any], dest: Path) -> dict[str, Any]:
-    """Write the adapter as `PeftModel.save_pretrained` does; return its tensors.
-
-    Refused when the run trained weights outside the adapter (a base weight unfrozen by hand): the adapter would lose
-    them, the merged model keeps them.
-    """
+    """Write the adapter as `PeftModel.save_pretrained` does (refused where the run trained more); its tensors."""
     from deepspeed.utils.zero_to_fp32 import GatheredTensor
 
     adapter = {name for name, p in model.named_parameters() if p.requires_grad}
@@ -91,8 +79,7 @@ def write_adapter(model: Any, lazy: dict[str, Any], dest: Path) -> dict[str, Any
 
 
 def write_merged(model: Any, lazy: dict[str, Any], dest: Path, max_shard_size: int) -> dict[str, Any]:
-    """Write the model with the adapter merged (peft's `merge_and_unload`) as transformers' `save_pretrained` does;
-    return its tensors, a tied weight once."""
+    """Write the model with the adapter merged (`merge_and_unload`, `save_pretrained`); its tensors."""
     from transformers.utils import logging as hf_logging
 
     needed = {name for name, _ in model.named_parameters()}
@@ -109,8 +96,7 @@ def write_merged(model: Any, lazy: dict[str, Any], dest: Path, max_shard_size: i
 
 def write_peft(ckpt_dir: Path, lazy: dict[str, Any], config: Any, dest: Path, max_shard_size: int,
                adapter_source: str | Path | None, merge: bool) -> dict[str, Any]:
-    """Write the peft checkpoint's adapter, or with `merge` its merged model, into `dest`; return the tensors
-    written."""
+    """Write the peft checkpoint's adapter, or with `merge` its merged model, into `dest`; its tensors."""
     if not is_peft(lazy):
         raise UsageError(f"{ckpt_dir}'s weights are a plain model's, not a peft model's ({PEFT_PREFIX}...): export it "
                          "without --adapter_config and --merge")

@@ -1,10 +1,7 @@
 """Read the next items in a thread while the caller writes the one before: conversions overlap their reads and writes.
 
-A converter reads tensors from a checkpoint and writes them out, one after another; with `Prefetch` one reader
-thread works `slots - 1` items ahead of the writer, so at most `slots` items are in memory at once (the one being
-written and those read ahead): the memory bound is the caller's, in items. The reads (memory-mapped file pages,
-`torch` copies) and the writes (`format.writer.DirectFile`: its own hashing thread, O_DIRECT, fsync) release the GIL
-for their long parts, so they overlap even on few cores. A read's error comes out of the `get` that asks for it.
+At most `slots` items are in memory at once (the one being written and those read ahead). Memory-mapped reads and
+the hashing writer release the GIL for their long parts, so they overlap even on few cores.
 """
 
 from __future__ import annotations
@@ -16,11 +13,7 @@ from typing import Any
 
 
 class Prefetch:
-    """`read(key)` for each of `keys`, in order, in a thread; `get(key)` hands them out in the same order.
-
-    Each `get` says the caller is done with the item before (it has dropped it): a slot frees for the reader. `close`
-    stops the reader (it finishes the read in flight) and drops what it had read ahead.
-    """
+    """`read(key)` for each of `keys` in a thread; `get(key)` hands them out in order, releasing the one before."""
 
     def __init__(self, read: Callable[[Any], Any], keys: Iterable[Any], slots: int = 2) -> None:
         self.ready: queue.Queue[tuple[Any, Any, BaseException | None]] = queue.Queue()

@@ -1,20 +1,10 @@
 """Change the world size of a ZeRO-3 checkpoint: DeepSpeed's universal checkpoint, committed like a save.
 
-A ZeRO-3 checkpoint is N flat partitions, and DeepSpeed loads it only on N ranks ("Automatic adjustment of ZeRO's
-optimizer state partitioning with a new world size is not currently supported"). DeepSpeed's `ds_to_universal`
-rewrites it as one folder per parameter (fp32 weights, Adam's two moments, the step), which a
-`"checkpoint": {"load_universal": true}` engine loads on any number of ranks. This module runs that converter and
-commits its output the way `zckpt_nb.saving.commit` commits a save:
-
-- every source file first passes its SHA-256 and a weights-only unpickle (the converter loads with
-  weights_only=False), and the converter runs in a child process, measured (seconds, bytes, peak RSS);
-- it writes into a folder of its own (a unique name); the manifest (every file's size and SHA-256, the source
-  manifest's SHA-256) is written last, then the folder is renamed into place. A crash mid-conversion leaves only
-  that folder, which is never loaded (a failed conversion removes it);
-- a later resume reuses a copy whose source manifest hash still matches, after checking its files.
-
-Layout: DIR/universal/<tag>/ holding zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt, zero/optimizer_state.pt,
-the source's model-states files (DeepSpeed reads rank 0's client state from them) and zckpt_manifest.json.
+DeepSpeed's `ds_to_universal` (run in a child process, measured, after every source file passed its SHA-256 and a
+weights-only unpickle) rewrites the N partitions as one folder per parameter, DIR/universal/<tag>/zero/<param>/, which
+a `"checkpoint": {"load_universal": true}` engine loads on any number of ranks. Its output is staged and committed as
+a save is (manifest last, with the source manifest's SHA-256); a later resume reuses it while that hash still matches
+(docs/resharding.md).
 """
 
 from __future__ import annotations
@@ -113,8 +103,7 @@ def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | 
 
 
 def describe_conversion(manifest: Manifest, reused: bool, world: int | None) -> str:
-    """A few plain sentences: what was converted (or reused), what it cost, where it loads (on `world` ranks, or
-    any)."""
+    """What was converted (or reused), what it cost, and where it loads (on `world` ranks, or any)."""
     c, n = manifest.conversion or {}, manifest.source_world_size
     saved = f"{manifest.tag} was saved by {counted(n, 'rank')}" + (f" and this run has {world}." if world else ".")
     sizes = f"{mib(c['source_bytes'])} of rank files became {mib(c['bytes'])} in {len(manifest.files)} files under " \

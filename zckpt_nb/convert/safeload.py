@@ -1,15 +1,8 @@
 """Load checkpoint files without letting them run code: hashes first, then `torch.load(weights_only=True)`.
 
-DeepSpeed 0.19.8 loads its files with `torch.load(weights_only=False)`: any pickle in a rank file runs whatever its
-`__reduce__` names. Here nothing is unpickled before the files' sizes and SHA-256 match the manifest, and even a
-forged manifest gains nothing: every file is unpickled by torch's restricted unpickler, which builds tensors and
-plain containers plus only the non-tensor types DeepSpeed 0.19.8 and our client state write (`allowed_globals`).
-
-- `load`: one file, weights-only (inspect, export's world size);
-- `check_files`: every rank file of a tag unpickled weights-only before DeepSpeed's own converter reads the same
-  bytes with `weights_only=False` (export, `run_zero_to_fp32`);
-- `check_script`: the `zero_to_fp32.py` about to be run is DeepSpeed's own;
-- `saving.resume.weights_only`: the same for `engine.load_checkpoint` (`--resume`), through a `CheckpointEngine`.
+DeepSpeed loads its files with `weights_only=False`; here every file is first checked against the manifest, then
+unpickled by torch's restricted unpickler, allowing only the non-tensor types DeepSpeed and our client state write
+(`allowed_globals`), so DeepSpeed's own load of the same bytes builds nothing else (docs/security.md).
 """
 
 from __future__ import annotations
@@ -27,17 +20,12 @@ from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.manifest import Manifest, sha256_file
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's words for a type outside the allowlist
-
-
 _REASON = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")  # its words for any other refusal
-
-
 TRUST = "ZCKPT_TRUST"  # classes you trust a checkpoint to hold beyond the allowlist: module.Class, comma-separated
 
 
 def allowed_globals() -> list[Any]:
-    """The non-tensor types in DeepSpeed 0.19.8's ZeRO-3 files (found with get_unsafe_globals_in_checkpoint), and
-    the classes $ZCKPT_TRUST names."""
+    """The non-tensor types in DeepSpeed 0.19.8's ZeRO-3 files, and the classes $ZCKPT_TRUST names."""
     import numpy as np
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
@@ -62,15 +50,13 @@ def trusted_globals() -> list[Any]:
 
 
 def is_loaded_class(name: str) -> bool:
-    """`name` (module.Class) is a class of a module already imported: one a user may choose to trust (a function
-    such as os.system never is; nothing is imported to tell)."""
+    """`name` (module.Class) is a class of an already imported module (nothing is imported to tell)."""
     module, _, attr = name.rpartition(".")
     return isinstance(getattr(sys.modules.get(module), attr, None), type)
 
 
 def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | None = None) -> Any:
-    """`torch.load(path, weights_only=True)` under `allowed_globals` (`path` a file's path, or a file object
-    called `name`); CheckpointError naming the file otherwise."""
+    """`torch.load(path, weights_only=True)` under `allowed_globals`; CheckpointError naming the file otherwise."""
     import torch
 
     name = name or str(path)
@@ -89,11 +75,7 @@ def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | N
 
 
 def check_files(ckpt_dir: str | Path, tag: str) -> Manifest:
-    """Verify `tag` against its manifest, then unpickle each rank file weights-only (memory-mapped, then dropped).
-
-    After this a weights_only=False load of the same bytes (DeepSpeed's converters) builds only allowed types.
-    Returns the manifest.
-    """
+    """Verify `tag`, then unpickle each of its files weights-only (DeepSpeed's own load comes after); the manifest."""
     manifest = verify_tag(ckpt_dir, tag)
     for entry in manifest.files:  # exactly the files just verified (verify_tag refuses any unlisted file)
         load(Path(ckpt_dir) / tag / entry.path, mmap=True)
@@ -101,10 +83,7 @@ def check_files(ckpt_dir: str | Path, tag: str) -> Manifest:
 
 
 def check_script(ckpt_dir: str | Path) -> Path:
-    """The `zero_to_fp32.py` beside the checkpoint, if it is byte for byte DeepSpeed's own; CheckpointError if not.
-
-    DeepSpeed rewrites it on every save, so the manifest cannot vouch for it; the installed copy can.
-    """
+    """The `zero_to_fp32.py` beside the checkpoint if it is DeepSpeed's installed copy; CheckpointError if not."""
     import deepspeed.utils.zero_to_fp32 as own
 
     script = Path(ckpt_dir) / "zero_to_fp32.py"

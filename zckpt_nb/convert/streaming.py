@@ -1,16 +1,9 @@
-"""Write a ZeRO-3 checkpoint's weights as safetensors shards in a few MiB of memory, whatever the model's size.
+"""A ZeRO-3 checkpoint's weights written as safetensors shards in a few MiB of memory, whatever the model's size.
 
-DeepSpeed 0.19.8's `get_fp32_state_dict_from_zero_checkpoint(..., lazy_mode=True)` memory-maps every rank's
-optimizer file and returns, for each parameter, a `GatheredTensor`: where its slices lie in the ranks' flat fp32
-groups, nothing copied yet. We plan the shards from the shapes alone, then write each shard's safetensors header
-and, tensor by tensor, the ranks' slices straight from the mapped files, 1 MiB at a time, releasing each step's
-mapped pages once written. No tensor is ever built whole in memory, and the file pages read do not pile up
-in the process's resident memory (they stay in the page cache, which the kernel can reclaim).
-
-The output is what transformers' `save_pretrained` writes for the same model: the tied head stored once (under the
-embedding's name, as transformers keeps it), `model.safetensors` or `model-0000k-of-0000n.safetensors` with
-`model.safetensors.index.json`, `config.json` and `generation_config.json`. No model is built: names, shapes and tied
-weights come from the checkpoint.
+DeepSpeed's lazy fp32 state dict (`get_fp32_state_dict_from_zero_checkpoint(lazy_mode=True)`) says where each
+parameter's slices lie in the memory-mapped rank files; each shard's header is written from the shapes, then the
+slices straight from the mappings, 1 MiB at a time, their pages released once written (docs/consolidation_costs.md).
+The output is what transformers' `save_pretrained` writes, the tied head stored once; no model is built.
 """
 
 from __future__ import annotations
@@ -33,31 +26,18 @@ from zckpt_nb.format.units import listed
 from zckpt_nb.model import on_meta
 
 WEIGHTS_PATTERN = "model{suffix}.safetensors"  # transformers' names: model.safetensors, model-00001-of-00003...
-
-
 INDEX = "model.safetensors.index.json"
-
-
 SAFETENSORS_DTYPES = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
                       "torch.float64": "F64", "torch.int64": "I64", "torch.int32": "I32", "torch.bool": "BOOL",
                       "torch.uint8": "U8"}
-
-
 STEP = 2**20  # bytes written, then released from memory, at a time
-
-
 AROUND = 2**20  # pages either side of a written range also released (the kernel maps some around each fault)
-
-
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
-
-
 LIBC = ctypes.CDLL(None)  # this process's C library (madvise), loaded once: drop_pages runs for every MiB written
 
 
 def lazy_state_dict(ckpt_dir: Path, tag: str) -> dict[str, Any]:
-    """DeepSpeed's lazy fp32 state dict of checkpoint `tag`: a GatheredTensor (or a buffer) per name, tied names
-    sharing one object."""
+    """DeepSpeed's lazy fp32 state dict of checkpoint `tag`: a GatheredTensor or buffer per name."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     try:  # DeepSpeed's converter prints progress; the export reports in one line of its own
@@ -69,8 +49,7 @@ def lazy_state_dict(ckpt_dir: Path, tag: str) -> dict[str, Any]:
 
 
 def stored_names(lazy: dict[str, Any]) -> dict[str, Any]:
-    """The tensors to write, each once, in the checkpoint's order: a tied name (DeepSpeed lists it after the others,
-    as the same object) is stored under the first name, as transformers stores the embedding and re-ties the head."""
+    """The tensors to write, each once, in order: a tied weight under its first name, as transformers does."""
     seen: set[int] = set()
     kept = {}
     for name, t in lazy.items():
@@ -81,13 +60,7 @@ def stored_names(lazy: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:
-    """The model `config` describes has exactly the checkpoint's weights, name for name and shape for shape, or
-    UsageError in one line (an export would otherwise load with random or missing weights).
-
-    A config asking for more elements or layers than the checkpoint holds is refused first; with `build` the model
-    is then built on the meta device and compared, which imports its class (about 90 MiB of RSS, more than a small
-    export needs).
-    """
+    """UsageError unless `config`'s model has the checkpoint's weights (sizes; with `build`, every name)."""
     held, count = sum(t.shape.numel() for t in tensors.values()), len(tensors)
     vocab, width, layers = (int(getattr(config, k, 0) or 0) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
     if vocab * width > held or layers > count:
@@ -105,8 +78,7 @@ def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:
 
 
 def check_names(model: Any, tensors: dict[str, Any], needed: set[str], fix: str) -> None:
-    """UsageError in one line, ending with `fix`, unless every name of `tensors` is one of `model`'s weights with
-    its shape and every name in `needed` is in `tensors`."""
+    """UsageError ending with `fix` unless `tensors` are `model`'s weights, shapes and all, `needed` included."""
     built = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     unknown, missing = sorted(set(tensors) - set(built)), sorted(needed - set(tensors))
     if unknown or missing:
@@ -121,11 +93,7 @@ def check_names(model: Any, tensors: dict[str, Any], needed: set[str], fix: str)
 
 
 def plan_shards(tensors: dict[str, Any], max_shard_size: int) -> Any:
-    """huggingface_hub's split of `tensors` into shards of at most `max_shard_size` bytes, planned on shapes alone.
-
-    Its generic splitter takes the size function from us: the torch one inspects storages, which imports sympy
-    (about 1 s and 40 MiB, more than the rest of a small export).
-    """
+    """huggingface_hub's split of `tensors` into shards of at most `max_shard_size` bytes, from shapes alone."""
     from huggingface_hub import split_state_dict_into_shards_factory
 
     return split_state_dict_into_shards_factory(tensors, get_storage_size=lambda t: t.shape.numel() * t.dtype.itemsize,
@@ -133,11 +101,7 @@ def plan_shards(tensors: dict[str, Any], max_shard_size: int) -> Any:
 
 
 def rank_slices(t: Any) -> Iterator[Any]:
-    """The 1-D pieces whose concatenation, cut at `t`'s element count, is tensor `t`: views, nothing copied.
-
-    For DeepSpeed's `GatheredTensor` these are each rank's slice of the flat fp32 groups, in rank order, exactly what
-    its `contiguous()` concatenates (we intersect the slice with every group instead of copying it out).
-    """
+    """The 1-D views whose concatenation is `t` (a GatheredTensor's rank slices, in order), nothing copied."""
     from deepspeed.utils.zero_to_fp32 import GatheredTensor
 
     if not isinstance(t, GatheredTensor):  # a buffer, already in memory
@@ -184,13 +148,7 @@ class MappedFiles:
 
 
 def drop_pages(start: int, stop: int, mapped: MappedFiles) -> None:
-    """Release from this process's memory the pages of [start, stop) and up to AROUND bytes either side, if a file
-    backs them all.
-
-    The rank files are memory-mapped privately and never written: `MADV_DONTNEED` unmaps their pages, which stay in
-    the page cache, and a later read maps them again. The margin catches the pages the kernel mapped around each
-    fault ("fault-around"), which would otherwise pile up between small tensors. Anonymous memory is never touched.
-    """
+    """Release the file-backed pages of [start, stop), AROUND bytes either side, from this process's memory."""
     if (mapping := mapped.containing(start, stop)) is None:
         return
     lo = max(mapping[0], start // PAGE * PAGE - AROUND)
@@ -210,13 +168,7 @@ def write_piece(f: Any, piece: Any, mapped: MappedFiles) -> None:
 
 
 def write_safetensors(path: Path, tensors: dict[str, Any], mapped: MappedFiles) -> None:
-    """One safetensors file of `tensors`, written piece by piece from the rank files: no tensor is built in memory.
-
-    transformers' and safetensors' writers need each tensor whole in memory (DeepSpeed's `contiguous()` copies it
-    out first); streaming the slices keeps the export's memory at STEP bytes whatever the shard size. The write is
-    synchronous on purpose: each step's pages of the mapped rank files are dropped right after it is written, which a
-    writer that copies on another thread (`format.writer.DirectFile`) would read back in after the drop.
-    """
+    """One safetensors file of `tensors`, written piece by piece (synchronously) from the mapped rank files."""
     with open(path, "wb") as f:
         f.write(header(tensors))
         for t in tensors.values():
@@ -237,12 +189,7 @@ def write_shards(tensors: dict[str, Any], plan: Any, dest: Path) -> None:
 
 def write_weights(ckpt_dir: Path, tag: str, lazy: dict[str, Any], config: Any, dest: Path, max_shard_size: int,
                   check: bool = False) -> dict[str, Any]:
-    """Write the weights of `lazy` (checkpoint `tag`'s lazy state dict), `config.json` and `generation_config.json`
-    into `dest`; return the tensors written.
-
-    Names, shapes and ties come from the checkpoint (the engine's own module); with `check` they are compared with a
-    model built from `config` first (importing a model class costs more than the whole conversion of a small model).
-    """
+    """Write `lazy`'s weights, `config.json` and `generation_config.json` into `dest`; the tensors written."""
     from transformers import GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

@@ -1,8 +1,5 @@
-"""Is this checkpoint complete and intact? The checks that resume, export and `verify` run against its manifest.
-
-The manifest itself (what it holds, how it is written) is `format.manifest`; this module only checks: every file
-present with its size and SHA-256, every rank's files listed, paths that stay inside the folder, a world size and a
-model that fit the run. It needs no torch.
+"""Is this checkpoint complete and intact? The checks that resume, export and `verify` run against its manifest:
+every file present with its size and SHA-256, nothing unlisted, paths inside the folder, a fitting world size and model.
 """
 
 from __future__ import annotations
@@ -36,10 +33,7 @@ def inside(folder: Path, name: str, nested: bool) -> bool:
 
 
 def check_paths(folder: Path, entries: list[FileEntry], manifest: Path, nested: bool = False) -> None:
-    """Every entry names a file in `folder` (no symlink leading out; `format.manifest` refused `../x` and `/x`).
-
-    An edited or foreign manifest must not make verify, resume or export read (hash) files elsewhere.
-    """
+    """Every entry names a file in `folder`: no path or symlink leading out of it."""
     for entry in entries:
         if not inside(folder, entry.path, nested):
             raise CheckpointError(f"{manifest} names {entry.path!r}, which is not a file of {folder} (a path or a "
@@ -59,11 +53,7 @@ def check_file(folder: Path, entry: FileEntry) -> Path:
 
 
 def check_hashes(files: list[tuple[Path, str]], workers: int | None = None) -> None:
-    """Each (path, SHA-256) pair, hashed in parallel; the first mismatch in list order is the error.
-
-    hashlib releases the GIL while it hashes, so one file per thread runs on all cores (`workers`, default the
-    CPU count); the files are only read, nothing is unpickled.
-    """
+    """Each (path, SHA-256) pair, hashed in parallel threads; the first mismatch in list order is the error."""
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         digests = list(pool.map(sha256_file, [path for path, _ in files]))
     for (path, expected), digest in zip(files, digests):
@@ -92,11 +82,7 @@ def unlisted(folder: Path, paths: list[str]) -> list[Path]:
 
 
 def check_listed(folder: Path, manifest: Manifest) -> None:
-    """`folder` holds nothing its manifest does not list.
-
-    DeepSpeed's readers take every checkpoint file they find (zero_to_fp32 globs the tag folder, ds_to_universal
-    walks it) and unpickle it with weights_only=False: a checkpoint is exactly its listed files.
-    """
+    """`folder` holds nothing its manifest does not list (DeepSpeed's readers load every file they find)."""
     extra = unlisted(folder, [e.path for e in manifest.files])
     if extra:
         raise CheckpointError(f"{listed([folder / name for name in extra], 1)} is not listed in {folder / MANIFEST}, "
@@ -105,8 +91,7 @@ def check_listed(folder: Path, manifest: Manifest) -> None:
 
 
 def check_output(out: Path, kind: str | None = None) -> None:
-    """UsageError unless `out` is a new or empty folder, or (with `kind`) an earlier output of that kind holding
-    only the files its manifest lists: nothing else is ever replaced."""
+    """UsageError unless `out` is new, empty, or (with `kind`) an earlier output of that kind, nothing more."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UsageError(f"{out} is a {'symbolic link' if out.is_symlink() else 'file'}; name a new or empty folder")
     if not out.exists() or not any(out.iterdir()):
@@ -174,8 +159,7 @@ def verify_tag(ckpt_dir: str | Path, tag: str, *, world_size: int | None = None,
 
 
 def verify_folder(folder: str | Path, kind: str) -> Manifest:
-    """Check a folder of `kind` (a universal copy, a DCP checkpoint, an export) against its manifest: nothing
-    unlisted, every file's size and SHA-256."""
+    """Check a folder of `kind` against its manifest: nothing unlisted, every file's size and SHA-256."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     if manifest.kind != kind:
@@ -214,10 +198,7 @@ def read_kind(folder: Path) -> str | None:
 
 
 def tag_to_resume(ckpt_dir: str | Path, among: set[str] | None = None) -> tuple[str, str | None]:
-    """The newest committed tag (of `among`, when given), and one line saying what was skipped.
-
-    Skipped: newer incomplete saves, newer tags not in `among` (not committed on every node), a stale `latest`.
-    """
+    """The newest committed tag (of `among`, when given), and one line saying what was skipped."""
     committed = [t for t in committed_tags(ckpt_dir) if among is None or t in among]
     if not committed:
         uncommitted = incomplete_tags(ckpt_dir)

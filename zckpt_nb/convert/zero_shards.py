@@ -1,18 +1,10 @@
 """A ZeRO-3 checkpoint's parameters read straight from its rank files, one tensor at a time, in bounded memory.
 
-Each rank's optimizer file holds, per sub-group, one flat fp32 partition (`fp32_flat_groups`) and Adam's two moments
-laid out the same way (`optimizer_state_dict.state[i].exp_avg`, `.exp_avg_sq`); every parameter takes
-ceil(numel / N) elements of each rank's partition, in the order of the model-states file's `param_shapes`, the last
-rank's share padded. A frozen parameter has no optimizer state: each rank's model-states file holds its padded share
-under `frozen_param_fragments`. DeepSpeed's `zero_to_fp32` walks that layout for the weights (its public
-`zero3_partitioned_param_info` and `GatheredTensor` are used here, for the moments too: they lie in the same layout);
-its `ds_to_universal` walks it for the moments but writes every fragment to disk, then every parameter, first. Neither
-reads one parameter's weights and moments on demand, which a streaming writer needs; this module does only that.
-
-The files are memory-mapped (`torch.load(mmap=True)`, weights only) so only the slices asked for are read. Pages read
-through a mapping stay in this process's resident set until it is unmapped, so the mappings are dropped (and mapped
-again on the next read) once the bytes read through them reach a budget, half the largest parameter's fp32 state:
-peak RSS stays the budget plus the tensors being written, whatever the checkpoint's size.
+Each parameter takes ceil(numel / N) elements of every rank's flat fp32 partition and of Adam's two moments, laid
+out alike; a frozen one's padded shares lie in the model-states files. DeepSpeed's public `zero_to_fp32` helpers
+(`zero3_partitioned_param_info`, `GatheredTensor`) locate them; neither DeepSpeed reader gives one parameter's weights
+and moments on demand. The files are memory-mapped weights-only and unmapped whenever the bytes read through them
+reach half the largest parameter's fp32 state, which bounds the resident pages (docs/dcp.md).
 """
 
 from __future__ import annotations
@@ -52,8 +44,7 @@ class MappedFiles:
 
 
 def check_frozen_kept(states: dict[str, Any], config: Callable[[], Any], present: set[str], where: Path) -> None:
-    """CheckpointError where `where` was saved without its frozen weights and the model that `config()` describes
-    (None: no config to tell) has parameters not in `present`: a conversion would leave them randomly initialised."""
+    """CheckpointError where frozen weights were not saved and `config()`'s model lacks some in `present`."""
     if not excludes_frozen(states):
         return
     config = config()
@@ -73,8 +64,7 @@ def own_storage(tensor: Any) -> Any:
 
 
 def largest_state(states: dict[str, Any]) -> int:
-    """The largest parameter's fp32 state in bytes (weights and both Adam moments; a frozen one's weights only), from
-    a model-states file's shapes."""
+    """The largest parameter's fp32 state in bytes (weights and both moments; a frozen one's weights only)."""
     trainable = max(int(s.numel()) for group in states["param_shapes"] for s in group.values())
     frozen = max((int(s.numel()) for s in (states.get("frozen_param_shapes") or {}).values()), default=0)
     return 4 * max(3 * trainable, frozen)
@@ -109,11 +99,7 @@ class ShardReader:
                 and groups > 0 and all(set(MOMENTS) <= set(state.get(i, {})) for i in range(groups)))
 
     def index(self, shapes: dict[str, Any]) -> None:
-        """Each trainable parameter's place in the flat partitions: (offset, numel per rank, shape).
-
-        As zero_to_fp32's `_zero3_merge_trainable_params` (private, and it prints a progress bar) computes it:
-        offsets run over the sub-groups as if concatenated, each parameter taking ceil(numel / N) per rank.
-        """
+        """Each trainable parameter's (offset, numel per rank, shape) in the flat partitions."""
         from deepspeed.utils.zero_to_fp32 import zero3_partitioned_param_info
 
         offset, world = 0, len(self.optims.paths)
@@ -150,10 +136,7 @@ class ShardReader:
         return tensor
 
     def frozen_weight(self, name: str) -> Any:
-        """Frozen parameter `name`'s weights: every rank's padded share, joined and cut to its shape.
-
-        By hand, as zero_to_fp32's `_zero3_merge_frozen_params` does it (private; it builds every frozen parameter).
-        """
+        """Frozen parameter `name`'s weights: every rank's padded share, joined and cut to its shape."""
         import torch
 
         shape = self.frozen[name]

@@ -15,11 +15,7 @@ from zckpt_nb.measure.meters import measure_offline_route
 
 
 def convert_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> Path:
-    """Route 3: DeepSpeed's `zero_to_fp32` in this process (no ranks, no GPU); writes `out_dir/pytorch_model.bin`.
-
-    DeepSpeed's converter memory-maps every rank's shards and materialises one output shard (5 GB by default) at a
-    time (its lazy mode), so a model larger than that never sits in memory whole.
-    """
+    """Route 3: DeepSpeed's `zero_to_fp32` in this process; writes `out_dir/pytorch_model.bin`."""
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
     convert_zero_checkpoint_to_fp32_state_dict(str(ckpt_dir), str(out_dir), tag=tag)
@@ -33,11 +29,7 @@ def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None =
 
 
 def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> Path:
-    """Run the `zero_to_fp32.py` DeepSpeed copied into `ckpt_dir`, as a user would; returns `out_dir`.
-
-    Only the newest committed checkpoint is converted, after every file was checked against its manifest and
-    unpickled weights-only (the script itself loads with weights_only=False), and the script is DeepSpeed's own.
-    """
+    """Run `ckpt_dir`'s own `zero_to_fp32.py` (checked) on its newest committed tag, as a user would."""
     tag = newest_committed(ckpt_dir, "converting")
     check_files(ckpt_dir, tag)
     script = check_script(ckpt_dir)
