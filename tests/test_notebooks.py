@@ -190,17 +190,22 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     through a full disk; the files agree."""
     get = {**parameter_defaults(BY_PREFIX["05"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == (26 if get["NPROC"] > 1 else 20), held
+    assert len(held) == (31 if get["NPROC"] > 1 else 24), held
     mine = json.loads((runs / "first_job" / "mine" / "global_step1" / "manifest.json").read_text())["files"]
     package = read_manifest(runs / "first_job" / "package" / "global_step1").files
     assert sorted((f["path"], f["rank"]) for f in mine) == sorted((f.path, f.rank) for f in package)
     assert len(mine) == 2 * get["NPROC"]
+    assert (runs / "first_job" / "mine" / "latest").read_text() == "global_step1"  # global_step2 failed on one rank
+    assert not (runs / "first_job" / "mine" / "global_step2" / "manifest.json").exists()
     assert (runs / "commit" / "latest").read_text().strip() == tag_for(get["SAVE_EVERY"])  # the save before the crash
     if get["NPROC"] > 1:  # DeepSpeed's load_checkpoint followed `latest`: the killed rank's file was missing
         assert f"rank {get['NPROC'] - 1} failed: FileNotFoundError" in (runs / "load_latest.log").read_text()
     kept = committed_tags(runs / "resumed")  # the resumed run's save at 2 x SAVE_EVERY failed on the full disk
     assert len(kept) == min(get["KEEP_LAST"], get["STEPS"] // get["SAVE_EVERY"] - 1)
     assert kept[-1] == tag_for(get["STEPS"])
+    saves = json.loads((runs / "resumed" / "run.json").read_text())["ranks"][0]["saves"]
+    rotated = [tag for s in saves for tag in s["deleted"]]  # rotation deleted every committed tag but the newest kept
+    assert rotated and not any((runs / "resumed" / tag).exists() for tag in rotated), rotated
 
 
 def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
