@@ -143,7 +143,7 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 03 checked bf16, the frozen saves and the three warm-start loads, on the files it wrote."""
     get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == 15, held
+    assert len(held) == 18, held
     assert any(f"got {get['LOAD_TAG']}'s weights exactly" in line for line in held)
     assert any("the recovery, frozen weights from their own init" in line for line in held)
     nproc, tag = get["NPROC"], get["LOAD_TAG"]
@@ -154,8 +154,10 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     started = [load["zero_to_fp32 + from_pretrained"] for load in loads]  # the warm start that works
     assert all(s[f"diff_{tag}"] == 0 and s["moment"] == 0 for s in started)
     assert sorted(p.name for p in (runs / "warm" / f"{tag}_fp32").iterdir()) == ["config.json", "pytorch_model.bin"]
-    for name in ("fp32", "bf16", "frozen", "frozen_excluded"):
+    for name in ("fp32", "bf16", "frozen", "frozen_bf16", "frozen_excluded"):
         assert inspect_checkpoint(runs / name).world_size == get["NPROC"]
+    fragments = safe_load(next((runs / "frozen_bf16").glob("*/*rank_0_*model_states.pt")))["frozen_param_fragments"]
+    assert fragments and all(t.dtype == torch.bfloat16 for t in fragments.values())  # frozen weights kept in bf16
     assert inspect_checkpoint(runs / "warm", "older").num_params == predict("tiny", 1).num_params
 
 
