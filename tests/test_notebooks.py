@@ -329,7 +329,15 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (30 if get("GATHER_16BIT") else 31), held
+    assert len(held) == (36 if get("GATHER_16BIT") else 37), held
+    lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
+    trained, resumed = ({(r, s): x for r, s, x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+)", lines)}
+                        for what in ("trained", "resumed"))
+    assert sorted(resumed) == sorted((str(r), str(s)) for r in range(nproc) for s in (steps + 1, steps + 2))
+    assert all(trained[key] == loss for key, loss in resumed.items())  # the repr of each loss, every digit
+    assert sorted(re.findall(r"rank (\d+): resumed at step (\d+)", lines)) == [(str(r), str(steps))
+                                                                                for r in range(nproc)]
+    assert "✓ every resumed loss equals the uninterrupted run's" in held
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
     predicted = sum(-(-s.numel() // nproc) for group in shapes for s in group.values())
     slices = [sum(t.numel() for t in safe_load(p)["optimizer_state_dict"]["fp32_flat_groups"])
@@ -399,6 +407,10 @@ def stream_text(nb: nbformat.NotebookNode) -> str:
 
 
 def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
+    for r in range(nproc):  # the no-backend processes: each its own torch.distributed rank, accelerate's process 0
+        assert re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
+                         rf"torch.distributed rank {r} of {nproc}", (runs / f"no_backend_{r}.log").read_text())
+    assert [p.name for p in (runs / "no_backend").iterdir()] == ["random_states_0.pkl"]
     """Notebook 09 checks every config it counts, and its chosen interval is Young's for the rates it planned with."""
     text, get = stream_text(nb), {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
     assert text.count("✓") >= len(get("CONFIGS")) + 3
