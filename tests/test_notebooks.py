@@ -397,6 +397,10 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert [p.name for p in one_rng.glob("random_states_*.pkl")] == ["random_states_0.pkl"]
     assert not (one_rng / "pytorch_model" / "zckpt_manifest.json").exists()
     assert any(line.startswith("✓ adopt refused it: accelerate's RNG states cover other ranks") for line in held)
+    for r in range(nproc):  # the no-backend processes: each its own torch.distributed rank, accelerate's process 0
+        assert re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
+                         rf"torch.distributed rank {r} of {nproc}", (runs / f"no_backend_{r}.log").read_text())
+    assert [p.name for p in (runs / "no_backend").iterdir()] == ["random_states_0.pkl"]
     assert any(line.startswith("✓ each file on disk, hashed here, has the SHA-256") for line in held)
 
 
@@ -407,10 +411,6 @@ def stream_text(nb: nbformat.NotebookNode) -> str:
 
 
 def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
-    for r in range(nproc):  # the no-backend processes: each its own torch.distributed rank, accelerate's process 0
-        assert re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
-                         rf"torch.distributed rank {r} of {nproc}", (runs / f"no_backend_{r}.log").read_text())
-    assert [p.name for p in (runs / "no_backend").iterdir()] == ["random_states_0.pkl"]
     """Notebook 09 checks every config it counts, and its chosen interval is Young's for the rates it planned with."""
     text, get = stream_text(nb), {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
     assert text.count("✓") >= len(get("CONFIGS")) + 3
