@@ -48,13 +48,6 @@ def locate(path: str | Path, tag: str | None) -> tuple[Path, str]:
     return path, tag
 
 
-def missing_files(files: dict[int, dict[str, Path]], world: int) -> list[str]:
-    """What a whole checkpoint of `world` ranks would hold and this one does not (or holds beyond it)."""
-    gaps = [f"rank {r}'s {kind} states" for r in range(world) for kind in ("model", "optim")
-            if kind not in files.get(r, {})]
-    return gaps + [f"a file of rank {r}, beyond its {world} ranks" for r in sorted(files) if r >= world]
-
-
 def read_facts(tag_dir: Path, files: dict[int, dict[str, Path]]) -> dict[str, Any]:
     """What rank 0's files record: world size, step, DeepSpeed's version, dtype, ZeRO stage, parameter count."""
     if "model" not in files.get(0, {}):
@@ -92,7 +85,13 @@ def accelerate_entries(ckpt_dir: Path, world: int) -> list[FileEntry]:
 
 
 def check_rank_files(tag_dir: Path, files: dict[int, dict[str, Path]], world: int) -> None:
-    """Every file unpickled weights-only; every optimizer file a ZeRO-3 partition of `world` ranks."""
+    """Both files of every rank of `world` and no more, each unpickled weights-only, each optimizer file ZeRO-3."""
+    gaps = [f"rank {r}'s {kind} states" for r in range(world) for kind in ("model", "optim")
+            if kind not in files.get(r, {})]
+    gaps += [f"a file of rank {r}, beyond its {world} ranks" for r in sorted(files) if r >= world]
+    if gaps:
+        raise CheckpointError(f"{tag_dir} is incomplete, so it was not adopted: {', '.join(gaps)} missing "
+                              f"(rank 0's model states record {world} ranks)")
     for _rank, kinds in sorted(files.items()):
         for kind, path in sorted(kinds.items()):
             state = load(path, mmap=True)  # CheckpointError naming the file: truncated, corrupt, outside the allowlist
@@ -121,27 +120,16 @@ def adopt(path: str | Path, tag: str | None = None) -> Manifest:
         raise CheckpointError(f"{tag_dir / extra[0]} is not a rank file, and DeepSpeed's readers would load it with "
                               f"them: move it out of {tag_dir}, then adopt")
     facts = read_facts(tag_dir, files)
-    gaps = missing_files(files, facts["world_size"])
-    if gaps:
-        raise CheckpointError(f"{tag_dir} is incomplete, so it was not adopted: {', '.join(gaps)} missing "
-                              f"(rank 0's model states record {facts['world_size']} ranks)")
     check_rank_files(tag_dir, files, facts["world_size"])
     extras = accelerate_entries(ckpt_dir, facts["world_size"])
-    commit_adopted(ckpt_dir, tag, files, facts, extras)
-    return verify_tag(ckpt_dir, tag)
-
-
-def commit_adopted(ckpt_dir: Path, tag: str, files: dict[int, dict[str, Path]], facts: dict[str, Any],
-                   extras: list[FileEntry]) -> None:
-    """Commit the hashed files (fsynced, manifest last), accelerate's `extras` under `shared`."""
-    tag_dir = ckpt_dir / tag
     entries = [file_entry(path, tag_dir, rank=rank) for rank, kinds in sorted(files.items())
                for path in sorted(kinds.values())]
     config = read_json(ckpt_dir / "config.json") if (ckpt_dir / "config.json").is_file() else None
     kind = config.get("model_type") if isinstance(config, dict) else None
     identity = {"num_params": facts["num_params"], **({"model_type": kind} if isinstance(kind, str) else {})}
     commit(tag_dir, Manifest(tag, facts["step"], entries, world_size=facts["world_size"], identity=identity,
-                             shared=shared_entries(ckpt_dir) + extras, adopted=facts))
+                             shared=shared_entries(ckpt_dir) + extras, adopted=facts))  # hashed, fsynced, manifest last
+    return verify_tag(ckpt_dir, tag)
 
 
 def describe_adoption(manifest: Manifest) -> str:
