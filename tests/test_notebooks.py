@@ -444,18 +444,30 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
     get = {**parameter_defaults(BY_PREFIX["10"]), **parameters}.get
     switch, dtype, held = get("SWITCH_STEP"), lesson_dtype(get("DTYPE")), passed_checks(nb)
-    assert len(held) == 21, held
+    assert len(held) == 23, held
     assert any(line.startswith("✓ rebuilt by hand, every parameter's fp32 weights, exp_avg and exp_avg_sq equal "
                                "to-dcp's") for line in held)
-    base, fsdp, back = (RunResult.from_dir(runs / name, [], 0.0) for name in ("zero3", "fsdp", "back"))
-    assert (base.world_size, fsdp.world_size, back.world_size) == (get("SOURCE_NPROC"), get("FSDP_NPROC"),
-                                                                   get("BACK_NPROC"))
-    assert base.data["dtype"] == fsdp.data["dtype"] == back.data["dtype"] == dtype
+    def said(log: str) -> list[dict]:
+        """Rank 0's JSON lines in a notebook script's log: where it resumed, then one per step (numbered from 1)."""
+        return [json.loads(line) for line in (runs / log).read_text().splitlines() if line.startswith("{")]
+
+    base = RunResult.from_dir(runs / "zero3", [], 0.0)
+    fsdp, back, control = said("fsdp.log"), said("back.log"), said("control.log")
+    assert (base.world_size, fsdp[0]["world"], back[0]["world"]) == (get("SOURCE_NPROC"), get("FSDP_NPROC"),
+                                                                     get("BACK_NPROC"))
+    assert base.data["dtype"] == fsdp[0]["dtype"] == back[0]["dtype"] == dtype
     tolerance = {"fp32": 1e-4, "bf16": 0.05}[dtype]
     losses, lrs = dict(zip(base.steps, base.losses)), dict(zip(base.steps, base.lrs))
-    for leg, first, end in ((fsdp, switch, 2 * switch), (back, 2 * switch, get("STEPS"))):
-        assert leg.steps == list(range(first, end)) and all(lr == lrs[s] for s, lr in zip(leg.steps, leg.lrs))
-        assert max(abs(loss - losses[s]) for s, loss in zip(leg.steps, leg.losses)) <= tolerance
+    kept, zeroed = ([r for r in fsdp[1:] if r["moments"] == m] for m in ("kept", "zeroed"))
+    assert fsdp[0]["resumed"] == fsdp[0]["adam step"] == switch
+    for leg, first, end in ((kept, switch, 2 * switch), (back[1:], 2 * switch, get("STEPS"))):
+        assert [r["step"] - 1 for r in leg] == list(range(first, end))
+        assert all(r["lr"] == lrs[r["step"] - 1] for r in leg)
+        assert max(abs(r["loss"] - losses[r["step"] - 1]) for r in leg) <= tolerance
+    # Adam's moments zeroed on the way in: the first loss as the kept run's, bit for bit, every later one different
+    assert [r["step"] for r in zeroed] == [r["step"] for r in kept] and zeroed[0]["loss"] == kept[0]["loss"]
+    assert all(z["loss"] != k["loss"] for z, k in zip(zeroed[1:], kept[1:]))
+    assert back[0]["step"] == 2 * switch and back[0]["checkpoint"]["load_universal"]  # engine.load_checkpoint's
     assert sum(f"every loss within {tolerance:g} of the uninterrupted run's" in line for line in held) == 2
 
     def listed(folder: Path) -> tuple[list[str], set]:
@@ -494,12 +506,12 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                           ("exp_avg_sq", f"optimizer.state.{p}.exp_avg_sq")):
             assert torch.equal(torch.load(zero / p / f"{kind}.pt", weights_only=True), whole[key].flatten()), (p, kind)
     state = torch.load(zero / "optimizer_state.pt", weights_only=True)["optimizer_state_dict"]["state"][0]
-    assert int(state["step"]) == 2 * switch == back.data["resumed_from_step"]
+    assert int(state["step"]) == 2 * switch == back[0]["step"]
     assert any(line.startswith("✓ each one's fp32.pt, exp_avg.pt and exp_avg_sq.pt equal the ones written by hand")
                for line in held)
-    control = RunResult.from_dir(runs / "control", [], 0.0)  # the same switch back with wte's halves swapped
-    assert control.steps == back.steps and control.lrs == back.lrs
-    off = max(abs(loss - losses[s]) for s, loss in zip(control.steps, control.losses))
+    # the control: the same switch back with wte's halves swapped
+    assert [(r["step"], r["lr"]) for r in control[1:]] == [(r["step"], r["lr"]) for r in back[1:]]
+    off = max(abs(r["loss"] - losses[r["step"] - 1]) for r in control[1:])
     assert off > tolerance and any(line.startswith(f"✓ the control fails the same test: with one tensor garbled, "
                                                    f"a loss lies {off:.1e}") for line in held)
 
