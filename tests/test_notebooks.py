@@ -98,6 +98,10 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         counted = [json.loads((folder / f"rank{r}.json").read_text())["held"] for r in range(n)]
         assert all(h["slice"] == predict("tiny", n).slice_numel for h in counted)
         assert get["PERSISTENCE_THRESHOLD"] or all(h["whole"] == 0 for h in counted)
+        memory = [json.loads((folder / f"rank{r}.json").read_text())["memory"] for r in range(n)]  # engine's bytes
+        per_element = 16 if lesson_dtype(get["DTYPE"]) == "bf16" else 20  # weights, grads, fp32 master, 2 moments
+        assert all(sum(m[k]["bytes"] for k in m) == per_element * predict("tiny", n).slice_numel for m in memory)
+    assert [line.split(":")[0] for line in held if "fp32 master are Σ⌈k/N⌉" in line] == [f"✓ N = {n}" for n in sizes]
     assert any("same tensor bytes at both thresholds" in line for line in held)
     assert any("both fixes and safeload.load read the same fp32 slice" in line for line in held)  # plain torch.load
     prefix = "bf16_" if get["DTYPE"] == "bf16" else ""  # CPU ranks: "auto" is fp32
@@ -105,7 +109,7 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     other = 100_000 if get["OTHER_THRESHOLD"] is None else get["OTHER_THRESHOLD"]  # None: DeepSpeed's default
     thresholds = {get["PERSISTENCE_THRESHOLD"], other}
     gathers = sum(t >= 112 for t in thresholds) if get["THRESHOLD_NPROC"] > 1 else 0  # tiny's smallest tensor: 112
-    assert sum("all-gather bytes on rank 0" in line for line in held) == gathers  # the comms logger's bytes
+    assert sum("all-gather bytes rank 0 put in" in line for line in held) == gathers  # the comms logger's bytes
     for n in sizes:  # the notebook's own arithmetic against the library's cost model, on the files it wrote
         info = inspect_checkpoint(runs / f"n{n}" / f"threshold_{get['PERSISTENCE_THRESHOLD']}")
         assert {s.partition_numel for s in info.ranks} == {predict("tiny", n).slice_numel}
