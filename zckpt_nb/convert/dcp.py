@@ -290,13 +290,6 @@ def checked_first(check: Any, error: BaseException) -> BaseException:
     return failed or os_error_in(cause) or cause  # a full disk is said as such, not as torch's zip writer's words
 
 
-def verified(check: Any) -> dict[str, float]:
-    """Wait for the rank files' SHA-256 check (CheckpointError where one differs); its seconds and the wait."""
-    start = time.perf_counter()
-    seconds = check.result() if check is not None else 0.0
-    return {"check_seconds": seconds, "check_wait_seconds": time.perf_counter() - start if check else 0.0}
-
-
 def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
            route: str | None = None) -> Manifest:
     """Convert committed checkpoint `tag` of `ckpt_dir` into a committed DCP folder `out_dir` (docs/dcp.md)."""
@@ -315,7 +308,10 @@ def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
         with staged(out) as tmp:
             try:
                 cost, digests = write_dcp(source, tmp)
-                cost.update(verified(check), route=facts["route"], universal=facts["universal"])
+                waited = time.perf_counter()
+                seconds = check.result() if check else 0.0  # the rank files' hashes (CheckpointError where one differs)
+                cost.update(check_seconds=seconds, check_wait_seconds=time.perf_counter() - waited if check else 0.0,
+                            route=facts["route"], universal=facts["universal"])
             except (Exception, CheckpointException) as error:
                 raise checked_first(check, error) from error
             known, files = facts["manifest"], entries_under(tmp, digests)
@@ -567,15 +563,6 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str, step: int | 
     return read_manifest(universal_dir(out, tag))
 
 
-def one_step(source: DcpSource, steps: list[Any]) -> Any:
-    """Adam's step, the same for every parameter (DeepSpeed keeps one per group), or CheckpointError."""
-    found = sorted({int(s) for s in steps})
-    if len(found) > 1:
-        raise CheckpointError(f"{source.folder}: Adam's step differs between parameters ({found}); DeepSpeed keeps "
-                              "one step per parameter group")
-    return steps[0]
-
-
 def write_zero(out: Path, source: DcpSource, hf_config: Any) -> str:
     """Write the DCP checkpoint `source` into `out` as a ZeRO-3 checkpoint folder of one universal copy; its tag."""
     start = time.perf_counter()
@@ -585,8 +572,11 @@ def write_zero(out: Path, source: DcpSource, hf_config: Any) -> str:
     digests: dict[str, str] = {}
     with large_frees_returned():
         steps = written_params(source, uni / "zero", digests)
+    if len(found := sorted({int(s) for s in steps})) > 1:
+        raise CheckpointError(f"{source.folder}: Adam's step differs between parameters ({found}); DeepSpeed keeps "
+                              "one step per parameter group")
     groups = [{**group, "params": [0]}]
-    optim = {"optimizer_state_dict": {"state": {0: {"step": one_step(source, steps)}}, "param_groups": groups},
+    optim = {"optimizer_state_dict": {"state": {0: {"step": steps[0]}}, "param_groups": groups},
              "param_groups": groups}
     digests["zero/optimizer_state.pt"] = save(optim, uni / "zero" / "optimizer_state.pt")
     states = "zero_pp_rank_0_mp_rank_00_model_states.pt"

@@ -61,13 +61,6 @@ def model_names(model: Any) -> ModelNames:
     return ModelNames(params, ties, frozenset(model.state_dict()))
 
 
-def tensor_keys(meta: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """The checkpoint's tensors (flattened key -> shape), from DCP's `state_dict_metadata`."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    return {k: tuple(v.size) for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}
-
-
 def model_prefix(folder: Path, tensors: dict[str, tuple[int, ...]], names: ModelNames) -> str:
     """"model." or "": where every parameter of the config's model has its weights, with its shape."""
     for prefix in ("model.", ""):
@@ -97,7 +90,9 @@ def check_no_extra(folder: Path, tensors: dict[str, tuple[int, ...]], names: Mod
 
 def find_layout(folder: Path, meta: dict[str, Any], names: ModelNames) -> Layout:
     """The checkpoint's layout; CheckpointError in one line where it holds no weights or no AdamW state for them."""
-    tensors = tensor_keys(meta)
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    tensors = {k: tuple(v.size) for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}  # key -> shape
     prefix = model_prefix(folder, tensors, names)
     optim = next((o for o in OPTIMIZER_KEYS if any(k.startswith(f"{o}.state.") for k in tensors)), None)
     if optim is None:
