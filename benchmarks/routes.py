@@ -9,8 +9,8 @@ falls on every route alike):
 
 - the floor: the disk's buffered+fsync write rate, `--nproc` processes each writing one rank's checkpoint bytes at
   once (`save_throughput.disk_limit`); every route's floor is its own written bytes at that round's rate;
-- one training launch per save mode (`--save_mode plain`, `commit`, `async`): per save, the slowest rank's stall and
-  time to durable (plain fsyncs nothing: no durable time);
+- one training launch per save mode (`--save_mode plain`, `commit`, `async`, `async_process`): per save, the slowest
+  rank's stall and time to durable (plain fsyncs nothing: no durable time);
 - `to-dcp`, `from-dcp` (of to-dcp's output), `export`, DeepSpeed's `zero_to_fp32.py` without and then with an fsync
   of its output, each as its own process (`python -m zckpt_nb ...`, as users run them), wall time;
 - `dcp.save` of the same tensors to-dcp writes, already in memory (read before the clock starts), fsynced: what DCP
@@ -44,7 +44,7 @@ from zckpt_nb.format.layout import universal_dir
 from zckpt_nb.format.manifest import read_manifest
 from zckpt_nb.run.launch import fresh_dir, launch
 
-MODES = ("plain", "commit", "async")
+MODES = ("plain", "commit", "async", "async_process")
 CONVERSIONS = ("to-dcp", "from-dcp", "dcp.save (in memory)", "export", "zero_to_fp32.py", "zero_to_fp32.py + fsync")
 BEFORE = ("to-dcp", "from-dcp", "export")  # the routes issue 37 changes, run from `--before` too
 # A round's figures: route -> {"s": seconds, "stall": seconds or None, "bytes": written}
@@ -230,6 +230,8 @@ def ratios(rounds: list[Round]) -> list[dict[str, str]]:
         ("export / zero_to_fp32.py + fsync", lambda r: s(r, "export") / s(r, "zero_to_fp32.py + fsync"), 1.0, "<="),
         ("export / zero_to_fp32.py", lambda r: s(r, "export") / s(r, "zero_to_fp32.py"), None, ""),
         ("async stall / plain stall", lambda r: r["save: async"]["stall"] / r["save: plain"]["stall"], 0.10, "<="),
+        ("async_process stall / plain stall",
+         lambda r: r["save: async_process"]["stall"] / r["save: plain"]["stall"], 0.10, "<="),
         ("commit rate / floor rate", lambda r: floor(r, "save: commit") / s(r, "save: commit"), 0.8, ">="),
     ]
     if "to-dcp (before)" in rounds[0]:

@@ -23,6 +23,7 @@ class SaveMode(StrEnum):
 
     COMMIT = "commit"  # the commit protocol: hashed, fsynced, agreed by every rank, a manifest written last
     ASYNC = "async"  # a host snapshot during the call; the write and the commit in a background thread
+    ASYNC_PROCESS = "async_process"  # a shared-memory snapshot; the write in a writer process, the commit in a thread
     PLAIN = "plain"  # DeepSpeed's save_checkpoint alone: no fsync, no hash, no manifest
     DS_PYTHON = "ds_python"  # DeepSpeed's own checkpoint engines, chosen by its config (no manifest either)
     DS_DECOUPLED = "ds_decoupled"
@@ -31,7 +32,7 @@ class SaveMode(StrEnum):
     @property
     def durable(self) -> bool:
         """Whether a save in this mode is on disk, complete and resumable once it returns committed."""
-        return self in (SaveMode.COMMIT, SaveMode.ASYNC)
+        return self in (SaveMode.COMMIT, SaveMode.ASYNC, SaveMode.ASYNC_PROCESS)
 
 
 class Route(StrEnum):

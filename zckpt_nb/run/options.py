@@ -47,9 +47,11 @@ class TrainOptions:
     collective_timeout: float | None = option(None, "seconds a collective may wait for the other ranks "
                                                     "(default: $ZCKPT_COLLECTIVE_TIMEOUT, else 600)")
     save_mode: str = option(SaveMode.COMMIT.value, "commit: the commit protocol; async: snapshot, then write and "
-                                                   "commit in the background; plain: DeepSpeed's save alone (the "
-                                                   "benchmarks' baseline); ds_python, ds_decoupled, ds_fast: "
-                                                   "DeepSpeed's own checkpoint engines, no manifest or commit",
+                                                   "commit in the background; async_process: the same, written by "
+                                                   "a writer process from shared memory; plain: DeepSpeed's save "
+                                                   "alone (the benchmarks' baseline); ds_python, ds_decoupled, "
+                                                   "ds_fast: DeepSpeed's own checkpoint engines, no manifest or "
+                                                   "commit",
                             tuple(SaveMode))
     save_16bit: bool = option(False, "after training, save DIR/gathered16/ with engine.save_16bit_model (route 1)")
     save_gathered: bool = option(False, "after training, save DIR/per_param/ gathering one parameter at a time "

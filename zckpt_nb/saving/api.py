@@ -22,7 +22,8 @@ from zckpt_nb.saving import rotation
 from zckpt_nb.saving.async_save import AsyncSaver
 from zckpt_nb.saving.collective import timeout_seconds
 from zckpt_nb.saving.commit import prepare_folder, save_committed
-from zckpt_nb.saving.engine import install
+from zckpt_nb.saving.engine import install, writer_zipfile
+from zckpt_nb.saving.process_writer import ProcessWriter
 from zckpt_nb.saving.resume import agreed_resume_tag, load_verified, universal_copy
 from zckpt_nb.saving.routes import save_gathered16, save_per_param
 
@@ -79,7 +80,8 @@ def save_plain(engine: Any, save_dir: Path, tag: str, step: int, state: dict[str
 class Checkpointer:
     """Every save mode behind one call; build one on every rank and call `save` on every rank at the same steps.
     `identity` is what the manifest records of the model; `keep_last` keeps the newest K committed checkpoints. An
-    `async` checkpointer has at most one save in flight: `poll` picks up its outcome, `finish` waits for it."""
+    `async` (or `async_process`) checkpointer has at most one save in flight: `poll` picks up its outcome, `finish`
+    waits for it."""
 
     def __init__(self, engine: Any, output_dir: str | Path, *, mode: str = SaveMode.COMMIT, tokenizer: Any = None,
                  keep_last: int = 0, identity: dict[str, Any] | None = None,
@@ -87,10 +89,13 @@ class Checkpointer:
         self.engine, self.output_dir, self.tokenizer = engine, Path(output_dir), tokenizer
         self.mode, self.keep_last, self.identity = parse_mode(mode), keep_last, identity or {}
         install(engine)  # the package's checkpoint engine, given to DeepSpeed once
-        if self.mode in (SaveMode.COMMIT, SaveMode.ASYNC):
+        if self.mode in (SaveMode.COMMIT, SaveMode.ASYNC, SaveMode.ASYNC_PROCESS):
             skip_crc32()  # each file is hashed as it is written (format.writer)
-        self.saver = AsyncSaver(engine, output_dir, self.identity, keep_last=keep_last,
-                                timeout_s=timeout_seconds(collective_timeout)) if self.mode == SaveMode.ASYNC else None
+        self.saver = None
+        if self.mode in (SaveMode.ASYNC, SaveMode.ASYNC_PROCESS):
+            process = ProcessWriter(writer_zipfile(engine)) if self.mode == SaveMode.ASYNC_PROCESS else None
+            self.saver = AsyncSaver(engine, output_dir, self.identity, keep_last=keep_last,
+                                    timeout_s=timeout_seconds(collective_timeout), process=process)
 
     def save(self, step: int, client_state: dict[str, Any] | None = None) -> SaveOutcome:
         """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank. A failed

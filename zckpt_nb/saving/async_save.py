@@ -5,6 +5,10 @@ checkpoint engine copies into host memory (`saving.snapshot`); training resumes 
 copy as a committed save writes a file, then runs the agreement and commit (`commit.agree_and_commit`) and rotation on
 a gloo process group of its own, as DCP's `async_save` does. At most one save is in flight (`finish` waits for it);
 until its commit `latest` names the previous checkpoint. docs/commit_protocol.md has the whole story.
+
+With a `ProcessWriter` (`SaveMode.ASYNC_PROCESS`) the copies go to shared memory and a writer process writes them,
+as DCP's process-based `async_save` does: the serialising, hashing and writing leave the training process (and its
+GIL); the thread only waits for the process, then agrees and commits.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from zckpt_nb.format.records import SaveOutcome
 from zckpt_nb.saving import commit, rotation
 from zckpt_nb.saving.collective import GROUP
 from zckpt_nb.saving.engine import SNAPSHOT, Files, install
+from zckpt_nb.saving.process_writer import ProcessWriter
 
 
 @dataclass
@@ -41,7 +46,7 @@ class AsyncSaver:
     boundaries, `poll` is local."""
 
     def __init__(self, engine: Any, output_dir: str | Path, identity: dict[str, Any], *, keep_last: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, process: ProcessWriter | None = None) -> None:
         from datetime import timedelta
 
         import torch.distributed as dist
@@ -49,6 +54,7 @@ class AsyncSaver:
         self.engine, self.save_dir, self.identity, self.keep_last = engine, Path(output_dir), identity, keep_last
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.flight: InFlight | None = None
+        self.process = process
 
     def save(self, tag: str, state: dict[str, Any], step: int, prepare: Any) -> SaveOutcome:
         """Copy and start writing `tag`; returns in flight (`in_flight`) unless the preflight failed. At most one save
@@ -59,7 +65,7 @@ class AsyncSaver:
         error, need = commit.agreed_preflight(self.engine, self.save_dir, state, rank, prepare)
         if error:
             return SaveOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
-        files = Files(rank, SNAPSHOT)
+        files = Files(rank, SNAPSHOT, self.process.stage) if self.process else Files(rank, SNAPSHOT)
         commit.run_save(self.engine, files, self.save_dir, tag, state, start)
         copied = time.perf_counter() - start
         self.flight = InFlight(tag, step, start, need, files)
@@ -97,7 +103,7 @@ class AsyncSaver:
     def commit_written(self, flight: InFlight) -> SaveOutcome:
         """Write the copies, agree and commit, rotate: this rank's outcome of the save."""
         writer, files = install(self.engine), flight.files
-        writer.write_snapshots(files)
+        (self.process or writer).write_snapshots(files)
         commit_start = time.perf_counter()
         node_local = bool(self.engine.use_node_local_storage())
         error = commit.agree_and_commit(writer, self.save_dir, flight.tag, flight.step, files, self.identity,

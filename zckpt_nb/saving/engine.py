@@ -49,8 +49,8 @@ def launcher_env() -> dict[str, str]:
 class Files:
     """One save's files on this rank: each one's path and SHA-256, the host copies still to write, the first error."""
 
-    def __init__(self, rank: int, how: str) -> None:
-        self.rank, self.how = rank, how
+    def __init__(self, rank: int, how: str, stage: Callable[[Any], Any] = snapshot.host_copy) -> None:
+        self.rank, self.how, self.stage = rank, how, stage
         self.written: list[tuple[Path, str]] = []
         self.snapshots: list[tuple[Path, Any]] = []
         self.error: str | None = None
@@ -63,8 +63,9 @@ class Files:
             self.error = describe_error(err, path, self.rank, doing)
 
     def keep(self, state: Any, path: Path) -> None:
-        """A host copy of a file's state, fixed before training changes the tensors (`snapshot.host_copy`)."""
-        copied = snapshot.host_copy(state)
+        """A host copy of a file's state, fixed before training changes the tensors (`snapshot.host_copy`, or the
+        writer process's shared buffers)."""
+        copied = self.stage(state)
         self.snapshots.append((path, copied))
         self.snapshot_bytes += snapshot.storage_bytes(copied)
         if snapshot.pins(state):  # torch's pinned pool rounds up to powers of two: up to 2x snapshot_bytes
@@ -185,6 +186,11 @@ class ZckptEngine(CheckpointEngine):
 
     def preserves_storage_sharing(self) -> bool:
         return self.inner.preserves_storage_sharing()
+
+
+def writer_zipfile(engine: Any) -> bool:
+    """Whether DeepSpeed's torch engine writes `engine`'s files in torch's zip format (its config's default)."""
+    return getattr(install(engine).inner, "zipfile_serialization", True)
 
 
 def install(engine: Any, kind: type[ZckptEngine] = ZckptEngine) -> ZckptEngine:

@@ -1,0 +1,134 @@
+"""The writer process of `SaveMode.ASYNC_PROCESS`: a long-lived process per rank that makes staged files durable.
+
+The training process copies each file's state into shared host memory (`saving.snapshot.host_copy` with staging
+buffers reused from one save to the next) and hands it to this process through a `torch.multiprocessing` queue (the
+tensors travel as handles to that memory, not as bytes). The process serialises each file as DeepSpeed's torch
+engine does (`torch.save`) into the hashing writer (`format.writer.DirectFile`: SHA-256, fsync) and answers with
+every file's hash or the first error. The agreement and the commit stay in the training process
+(`saving.async_save`), so the process holds no collective.
+
+It dies with its rank (`PR_SET_PDEATHSIG`, and it leaves once its parent is gone); a writer that dies while writing
+is one error line, and the save is not committed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+from zckpt_nb.errors import describe_error
+from zckpt_nb.format.sizes import tensors_in
+from zckpt_nb.saving.snapshot import host_copy
+
+POLL_S = 1.0  # how often each side looks whether the other is still alive
+
+
+def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
+    """The writer process: write each job's files until told to stop (None) or orphaned."""
+    from zckpt_nb.format.writer import skip_crc32
+    from zckpt_nb.run.lifeline import die_with_parent
+
+    die_with_parent()
+    skip_crc32()  # as in the training process: each file is hashed as it is written
+    while os.getppid() == parent:
+        try:
+            job = jobs.get(timeout=POLL_S)
+        except queue.Empty:
+            continue
+        if job is None:
+            return
+        answers.put(write_job(*job, zipfile=zipfile))
+
+
+def write_job(rank: int, items: list[tuple[str, Any, dict[int, dict]]], zipfile: bool) -> dict[str, Any]:
+    """Write `items` (path, staged state, its tensors' attributes) in order, stopping at the first error; what was
+    written and how long."""
+    import torch
+
+    from zckpt_nb.format.writer import DirectFile
+
+    answer: dict[str, Any] = {"written": [], "error": None, "fsync": 0.0, "hash": 0.0}
+    start = time.perf_counter()
+    for path, state, attributes in items:
+        for i, tensor in enumerate(tensors_in(state)):
+            tensor.__dict__.update(attributes.get(i, {}))
+        try:
+            with DirectFile(path) as out:
+                torch.save(state, out, _use_new_zipfile_serialization=zipfile)
+        except Exception as e:  # kept for the agreement; the partial file goes
+            answer["error"] = describe_error(e, path, rank)
+            Path(path).unlink(missing_ok=True)
+            break
+        answer["written"].append((path, out.hexdigest()))
+        answer["fsync"] += out.fsync_seconds
+        answer["hash"] += out.hash_seconds
+    answer["write"] = time.perf_counter() - start
+    return answer
+
+
+class ProcessWriter:
+    """This rank's writer process and its staging buffers; start it from the main thread (the kernel kills the
+    process when the thread that started it ends)."""
+
+    def __init__(self, zipfile: bool = True) -> None:
+        import torch.multiprocessing as mp
+
+        self.staging: dict[tuple[str, int], Any] = {}  # source storage -> its shared buffer, reused by each save
+        self.context, self.zipfile = mp.get_context("spawn"), zipfile
+        self.start()
+
+    def start(self) -> None:
+        """A new writer process, with queues of its own (a dead one may have left half a message in the old)."""
+        self.jobs, self.answers = self.context.Queue(), self.context.Queue()
+        self.process = self.context.Process(target=serve, args=(self.jobs, self.answers, os.getpid(), self.zipfile),
+                                            name="zckpt-writer", daemon=True)
+        self.process.start()
+
+    def stage(self, state: Any) -> Any:
+        """A copy of `state` in shared host memory, fixed before training changes the tensors. Called in the save,
+        on the training thread: a writer that died (its save failed and was reported) is replaced here."""
+        if not self.process.is_alive():
+            self.start()
+        return host_copy(state, self.staging)
+
+    def write_snapshots(self, files: Any) -> None:
+        """Have the process write `files`' staged states; record their hashes and timings, or the first error."""
+        # the queue sends a tensor as a handle to its memory and drops its attributes (DeepSpeed's ds_id, which the
+        # file records): they travel beside it, by the tensor's place in the state
+        items = [(str(path), state, {i: t.__dict__ for i, t in enumerate(tensors_in(state)) if t.__dict__})
+                 for path, state in files.snapshots]
+        start = time.perf_counter()
+        try:
+            self.jobs.put((files.rank, items))
+            answer = self.answer()
+        finally:
+            files.snapshots.clear()
+            files.write_seconds = time.perf_counter() - start
+        if answer is None:
+            files.fail(ChildProcessError(f"the writer process (pid {self.process.pid}) died with exit code "
+                                         f"{self.process.exitcode}"), items[0][0] if items else "", "writing")
+            return
+        files.written += [(Path(path), sha) for path, sha in answer["written"]]
+        files.fsync_seconds += answer["fsync"]
+        files.hash_seconds += answer["hash"]
+        if answer["error"] and files.error is None:
+            files.error = answer["error"]
+
+    def answer(self) -> dict[str, Any] | None:
+        """The process's answer to the job just sent; None if it died first."""
+        while True:
+            try:
+                return self.answers.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    return None
+
+    def close(self) -> None:
+        """Stop the process (after the job in flight) and free the staging buffers."""
+        if self.process.is_alive():
+            self.jobs.put(None)
+            self.process.join(timeout=30)
+        self.staging.clear()
