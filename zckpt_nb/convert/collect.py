@@ -1,5 +1,4 @@
-"""Copying checkpoints: one tag into a fresh folder, or the node-local parts into one folder.
-"""
+"""Copying checkpoints: one tag into a fresh folder, or the node-local parts into one folder."""
 
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ from zckpt_nb.format.manifest import Manifest, commit, shared_entries
 
 def copy_checkpoint(src: str | Path, dst: str | Path, tag: str) -> Path:
     """Copy checkpoint `tag` (and the tokenizer beside it) into a fresh `dst` whose `latest` names it."""
-    import shutil
-
     src, dst = Path(src), Path(dst)
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src / tag, dst / tag)

@@ -20,7 +20,7 @@ from zckpt_nb.convert.verify import check_output, newest_committed
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable, read_json, staged, umask
 from zckpt_nb.format.layout import ADAPTER_CONFIG, EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
-from zckpt_nb.format.manifest import Manifest, commit, entries_under, read_manifest
+from zckpt_nb.format.manifest import Manifest, commit, entries_under
 from zckpt_nb.format.records import Route, SaveCost
 from zckpt_nb.measure.meters import measure_offline_route
 from zckpt_nb.model import gpt2_config
@@ -47,10 +47,9 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None 
                          f"DeepSpeed wrote without zckpt_nb, first run: python -m zckpt_nb adopt {ckpt_dir} "
                          f"--tag {tag}")
     try:  # every file's size and SHA-256, then every rank file unpickled weights-only
-        check_files(ckpt_dir, tag)
+        manifest = check_files(ckpt_dir, tag)
     except CheckpointError as e:
         raise UsageError(str(e)) from None
-    manifest = read_manifest(ckpt_dir / tag)
     if came_from := manifest.from_dcp:  # world size 0: DeepSpeed's universal copy only, which export does not read
         raise UsageError(f"{ckpt_dir / tag} was converted back from the DCP checkpoint {came_from} (from-dcp) and "
                          "holds no rank files, only a universal copy: resume it (train --resume, or zckpt_nb.resume "

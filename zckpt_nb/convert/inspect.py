@@ -1,7 +1,4 @@
-"""Look inside a partitioned ZeRO-3 checkpoint: which rank wrote which file, and how much of P it holds.
-
-Everything here is read from the files on disk (memory-mapped, so a large checkpoint costs little RAM).
-"""
+"""Look inside a partitioned ZeRO-3 checkpoint (memory-mapped): which rank wrote which file, how much of P it holds."""
 
 from __future__ import annotations
 

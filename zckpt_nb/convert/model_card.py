@@ -1,8 +1,5 @@
-"""The model card (`README.md`) of an export: the run's facts, read from the checkpoint, `run.json` and the manifest.
-
-The YAML front matter is what the Hugging Face Hub reads (library, pipeline, license); the body says where the
-weights came from (tag, the SHA-256 of its `zckpt_manifest.json`, which pins every shard's SHA-256 in turn) and how
-to load them. Nothing in it is fixed text about the outcome: every figure is looked up when the card is written.
+"""The model card (`README.md`) of an export: Hub front matter, then the run's facts, each looked up in the
+checkpoint, its manifest (whose SHA-256 pins every file) and the training log, and how to load the model.
 """
 
 from __future__ import annotations

@@ -156,24 +156,18 @@ def drop_pages(start: int, stop: int, mapped: MappedFiles) -> None:
     LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED)
 
 
-def write_piece(f: Any, piece: Any, mapped: MappedFiles) -> None:
-    """Write a 1-D tensor's bytes straight from where they lie, STEP bytes at a time, dropping each step's pages."""
-    import torch
-
-    data = memoryview(piece.view(torch.uint8).numpy())
-    base = piece.data_ptr()
-    for i in range(0, len(data), STEP):
-        f.write(data[i:i + STEP])
-        drop_pages(base + i, base + min(i + STEP, len(data)), mapped)
-
-
 def write_safetensors(path: Path, tensors: dict[str, Any], mapped: MappedFiles) -> None:
     """One safetensors file of `tensors`, written piece by piece (synchronously) from the mapped rank files."""
+    import torch
+
     with open(path, "wb") as f:
         f.write(header(tensors))
         for t in tensors.values():
             for piece in rank_slices(t):
-                write_piece(f, piece, mapped)
+                data, base = memoryview(piece.view(torch.uint8).numpy()), piece.data_ptr()
+                for i in range(0, len(data), STEP):  # each step's pages dropped once written
+                    f.write(data[i:i + STEP])
+                    drop_pages(base + i, base + min(i + STEP, len(data)), mapped)
 
 
 def write_shards(tensors: dict[str, Any], plan: Any, dest: Path) -> None:

@@ -1,5 +1,4 @@
-"""DeepSpeed's `zero_to_fp32`: the offline route to one fp32 model, run as its users run it.
-"""
+"""DeepSpeed's `zero_to_fp32`: the offline route to one fp32 model, run as its users run it."""
 
 from __future__ import annotations
 
