@@ -263,10 +263,10 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
 
 def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
-    """Notebook 07's checks, recomputed from the files and logs its runs left: DeepSpeed's loader refused the other
-    world size, both converters wrote the same bytes, every resumed run (the package's and DeepSpeed's alone) stayed
-    within its dtype's tolerance, each node's folder held its own rank's files and the layout without the flag was
-    refused."""
+    """Notebook 07's checks, recomputed from the files and logs its runs left: DeepSpeed's engine.load_checkpoint
+    refused the checkpoint as saved on another world size (loaded it on the saving one), both converters wrote the
+    same bytes, every resumed run (the package's and DeepSpeed's alone) stayed within its dtype's tolerance, each
+    node's folder held its own rank's files and the layout without the flag was refused, as the probe rule says."""
     get = {**parameter_defaults(BY_PREFIX["07"]), **parameters}.get
     held, source, nodes = passed_checks(nb), get("SOURCE_NPROC"), get("NODES")
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
@@ -274,9 +274,13 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     base = RunResult.from_dir(runs / "uninterrupted", [], 0.0)
     assert (base.world_size, base.dtype, base.global_batch) == (source, dtype, get("GLOBAL_BATCH") or 16)
 
-    trap = (runs / "trap" / "launch.log").read_text()
-    assert "used a DP world size of" in trap and not (runs / "trap" / "run.json").exists()
-    assert any(line.startswith("✓ DeepSpeed's loader did not resume") for line in held)
+    ds_world, log = max(get("TARGET_NPROCS")), (runs / "resume_deepspeed.log").read_text().splitlines()
+    said = [line for line in log if line.startswith("as saved, rank ")]  # engine.load_checkpoint on the save itself
+    refuse = ds_world != source
+    assert len(said) == ds_world and all((" raised " in line) == refuse for line in said)
+    assert not refuse or any("used a DP world size of" in line for line in said)
+    assert any(line.startswith(f"✓ DeepSpeed's loader {'refused' if refuse else 'loaded'} the checkpoint as saved")
+               for line in held)
 
     ours = read_manifest(runs / "uninterrupted" / "universal" / tag)
     ds_copy = runs / "ds_universal" / tag
@@ -319,6 +323,7 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         assert all(f"rank_{k}_" in p.name for p in (folder / manifest.tag).glob("*.pt"))
     assert not any((runs / f"noflag{k}" / "run.json").exists() for k in range(nodes))
     assert f"✓ all {nodes} nodes refused to train before the first step" in held
+    assert any(line.startswith("✓ both launches did as the rule says for a folder per node") for line in held)
     assert any(line.startswith(f"✓ verify node{nodes - 1} returned its manifest; the 2 files it lists on this node "
                                "match the files on disk") for line in held)
     assert any(line.startswith("✓ verify collected/ returned its manifest; every rank file it lists matches")
