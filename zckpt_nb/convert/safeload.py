@@ -49,12 +49,6 @@ def trusted_globals() -> list[Any]:
     return found
 
 
-def is_loaded_class(name: str) -> bool:
-    """`name` (module.Class) is a class of an already imported module (nothing is imported to tell)."""
-    module, _, attr = name.rpartition(".")
-    return isinstance(getattr(sys.modules.get(module), attr, None), type)
-
-
 def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | None = None) -> Any:
     """`torch.load(path, weights_only=True)` under `allowed_globals`; CheckpointError naming the file otherwise."""
     import torch
@@ -66,7 +60,9 @@ def load(path: Any, map_location: Any = "cpu", mmap: bool = False, name: str | N
     except pickle.UnpicklingError as e:
         found = _GLOBAL.search(str(e)) or _REASON.search(str(e))
         what = found.group(1)[:160] if found else type(e).__name__
-        fix = f"if you trust where it came from, allow the class: {TRUST}={what}" if is_loaded_class(what) else \
+        module, _, attr = what.rpartition(".")
+        trustable = isinstance(getattr(sys.modules.get(module), attr, None), type)  # an imported class, no function
+        fix = f"if you trust where it came from, allow the class: {TRUST}={what}" if trustable else \
             "restore the file from a trusted copy"
         raise CheckpointError(f"{name} holds a type outside the allowlist of what DeepSpeed writes ({what}); "
                               f"refusing to unpickle it (it could run code): {fix}") from None
