@@ -207,8 +207,11 @@ class StallPanel:
         return w.VBox([controls, actions, self.title, self.chart, self.table])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        """The panel in Jupyter; its chart as a PNG where widgets do not render (the HTML export, GitHub)."""
+        """The panel in Jupyter; where widgets do not render (the HTML export, GitHub), one line of text in place of the
+        widgets' repr, and its chart as a PNG."""
         bundle = self.view()._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = (f"StallPanel: interactive, it needs Jupyter with a running kernel; N = "
+                                f"{listed(self.sizes.value)} selected, {listed(self.pending())} without timings yet")
         if self.chart.value:
             bundle["image/png"] = base64.b64encode(bytes(self.chart.value)).decode()
         return bundle
