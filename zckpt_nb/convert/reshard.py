@@ -81,13 +81,6 @@ def reusable(ckpt_dir: str | Path, tag: str) -> Manifest | None:
     return manifest if manifest.source_manifest_sha256 == manifest_hash(ckpt_dir, tag) else None
 
 
-def check_loadable(folder: Path, manifest: Manifest) -> None:
-    """Unpickle every file of a verified copy weights-only (DeepSpeed's universal load uses weights_only=False)."""
-    for entry in manifest.files:
-        if entry.path.endswith(".pt"):
-            load(folder / entry.path, mmap=True)
-
-
 def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | None = None,
                      timeout: float = 600) -> tuple[Manifest, bool]:
     """A committed universal copy of `tag`, converted now or reused; returns (its manifest, reused?)."""
@@ -96,8 +89,9 @@ def ensure_universal(ckpt_dir: str | Path, tag: str, identity: dict[str, Any] | 
         raise CheckpointError(f"{tag} in {ckpt_dir} is one node's part: {len(away)} of its files live on other nodes; "
                               "assemble the parts first (python -m zckpt_nb collect DIR... OUT), then convert OUT")
     manifest = reusable(ckpt_dir, tag)
-    if manifest is not None:
-        check_loadable(universal_dir(ckpt_dir, tag), manifest)
+    if manifest is not None:  # every file unpickled weights-only (DeepSpeed's universal load: weights_only=False)
+        for entry in (e for e in manifest.files if e.path.endswith(".pt")):
+            load(universal_dir(ckpt_dir, tag) / entry.path, mmap=True)
         return manifest, True
     return convert(ckpt_dir, tag, timeout), False
 
