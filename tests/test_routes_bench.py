@@ -1,5 +1,5 @@
 """`benchmarks/routes.py --quick`: every save and conversion route runs and has its row and every ratio its line
-(figures are printed, never asserted: timings on a shared machine are noise). Not in the fast tier: four launches
+(figures are printed, never asserted: timings on a shared machine are noise). Not in the fast tier: five launches
 and six converter processes took 2.3-5.3 minutes on the 2-core development machine under load."""
 
 import subprocess
