@@ -67,7 +67,7 @@ def test_output_dir_under_a_file_is_refused(tmp_path):
 def test_timeout_kills_every_rank_and_shows_their_last_lines(tmp_path):
     out = tmp_path / "slow"
     with pytest.raises(LaunchTimeout) as err:
-        launch(2, 1_000_000, out, timeout=45, verbose=False, progress=False)
+        launch(2, 1_000_000, out, timeout=30, verbose=False, progress=False)
     text = str(err.value)
     assert "timed out" in text and str(out) in text
     assert "last lines of rank 0" in text and "last lines of rank 1" in text
