@@ -35,7 +35,7 @@ def source(full_run, tmp_path_factory):
     return copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("source"), TAG)
 
 
-@pytest.mark.parametrize("world", [1, 3, 4])
+@pytest.mark.parametrize("world", [1, 3])
 def test_resume_on_another_world_size_continues_the_same_optimisation(full_run, source, tmp_path, world):
     dst = shutil.copytree(source, tmp_path / "ckpt")
     run = launch(world, STEPS, dst, resume=True, verbose=False, progress=False, timeout=900)
@@ -174,7 +174,7 @@ lifeline.leave(0)  # no interpreter teardown, where a gloo thread can abort a fi
 """
 
 
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [3])  # 1 rank is covered by the worker's resume above
 def test_the_api_resumes_on_another_world_size_from_the_copy_reshard_made(tmp_path, world):
     """A user's loop saved by zckpt_nb.save on 2 ranks, `reshard` once, then zckpt_nb.resume on `world` ranks in an
     engine built with load_universal: every weight equals the checkpoint's (DeepSpeed's own fp32 reconstruction), and
