@@ -9,7 +9,6 @@ can still abort it (SIGABRT, "terminate called without an active exception").
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -19,10 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
+from zckpt_nb.saving.process_writer import die_with_parent
+
 LAUNCHER_ENV = "ZCKPT_LAUNCHER"
 
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def identity(pid: int) -> str:
@@ -46,12 +46,6 @@ def alive(pid: int, started: float) -> bool:
 def launcher_env() -> dict[str, str]:
     """What `launch` adds to the ranks' environment: the identity of the calling process."""
     return {LAUNCHER_ENV: identity(os.getpid())}
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def why_orphaned(parent: int, launcher: tuple[int, float] | None) -> str | None:

@@ -13,8 +13,11 @@ is one error line, and the save is not committed.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,12 +27,19 @@ from zckpt_nb.format.sizes import tensors_in
 from zckpt_nb.saving.snapshot import host_copy
 
 POLL_S = 1.0  # how often each side looks whether the other is still alive
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere); the ranks use it too
+    (`run.lifeline`)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
     """The writer process: write each job's files until told to stop (None) or orphaned."""
     from zckpt_nb.format.writer import skip_crc32
-    from zckpt_nb.run.lifeline import die_with_parent
 
     die_with_parent()
     skip_crc32()  # as in the training process: each file is hashed as it is written
