@@ -45,8 +45,11 @@ def test_each_notebook_opens_with_its_number_what_you_learn_prerequisites_and_ru
 
 
 def folded_answers(nb: nbformat.NotebookNode) -> int:
-    """Answers folded in `<details>` blocks of markdown cells (closed until the learner opens one)."""
-    return sum(c.source.count("<details>") for c in nb.cells if c.cell_type == "markdown")
+    """Answers folded in `<details>` blocks of the exercises' markdown cells (closed until the learner opens one); a
+    fold elsewhere (a detail of a section) is not an answer."""
+    markdown = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    start = next((i for i, text in enumerate(markdown) if "## Exercises" in text.splitlines()), len(markdown))
+    return sum(text.count("<details>") for text in markdown[start:])
 
 
 def markdown_displays(nb: nbformat.NotebookNode) -> int:
