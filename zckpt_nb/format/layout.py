@@ -129,7 +129,10 @@ def rank_files(output_dir: str | Path, tag: str, rank: int, committed: bool = Fa
     """The files rank `rank` wrote for checkpoint `tag`, with their sizes in bytes, read from disk; `committed`
     adds the manifest rank 0 wrote last, where there is one."""
     root = Path(output_dir)
-    paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))
+    try:
+        paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))
+    except FileNotFoundError:  # a failed save's folder, removed by another rank while this one looked
+        paths = []
     if rank == 0:
         shared = ("latest", "zero_to_fp32.py", "zero_to_torch.py", *SHARED_FILES)
         paths += [root / name for name in shared if (root / name).is_file()]
