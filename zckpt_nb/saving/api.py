@@ -89,7 +89,7 @@ class Checkpointer:
         self.engine, self.output_dir, self.tokenizer = engine, Path(output_dir), tokenizer
         self.mode, self.keep_last, self.identity = parse_mode(mode), keep_last, identity or {}
         install(engine)  # the package's checkpoint engine, given to DeepSpeed once
-        if self.mode in (SaveMode.COMMIT, SaveMode.ASYNC, SaveMode.ASYNC_PROCESS):
+        if isinstance(self.mode, SaveMode) and self.mode.durable:
             skip_crc32()  # each file is hashed as it is written (format.writer)
         self.saver = None
         if self.mode in (SaveMode.ASYNC, SaveMode.ASYNC_PROCESS):
