@@ -55,8 +55,7 @@ FIXES = {errno.EACCES: "check its permissions, or choose another folder", errno.
 
 
 def os_error_line(err: BaseException) -> str | None:
-    """One line for the OSError behind `err` (`os_error_in`): what failed, on which file, and what to do; None when
-    no OSError is behind it."""
+    """One line for the OSError behind `err`: what failed, on which file, what to do; None without one."""
     cause = os_error_in(err)
     if cause is None:
         return None
@@ -79,9 +78,9 @@ def is_timeout(err: BaseException) -> bool:
 
 
 def is_peer_failure(err: BaseException) -> bool:
-    """A collective that failed because of the other ranks, not this rank's disk: a timeout, a lost peer, or any
-    torch.distributed error (NCCL's dead peer is a `DistBackendError` whose message names no timeout)."""
+    """A collective failed because of the other ranks: a timeout, a lost peer, any torch.distributed error."""
     dist = sys.modules.get("torch.distributed")  # not loaded: no collective can have raised (verify runs without torch)
+    # NCCL's dead peer is a DistBackendError whose message names no timeout
     return is_timeout(err) or (dist is not None and isinstance(err, dist.DistError))
 
 
@@ -89,8 +88,7 @@ SOURCE_PATH = re.compile(r"\[/[^\]\s]*/([\w.]+:\d+)\] ")  # gloo's "[/__w/pytorc
 
 
 def short_line(line: str, width: int) -> str:
-    """`line` without a C++ source path's folders ("[pair.cc:553] "), cut to `width` at a word boundary if one
-    lies in its second half."""
+    """`line` without a C++ source path's folders, cut to `width` at a word boundary in its second half."""
     line = SOURCE_PATH.sub(r"[\1] ", line)
     if len(line) <= width:
         return line
@@ -100,16 +98,14 @@ def short_line(line: str, width: int) -> str:
 
 
 def gist(err: BaseException, width: int = 120) -> str:
-    """An exception's first sentence of its first line, shortened (`short_line`): gloo's "Connection closed by peer
-    [addr]" without the advice that follows it, so the caller's own words still fit on the line."""
+    """An exception's first sentence of its first line, shortened (`short_line`)."""
     first = (str(err).strip().splitlines() or [""])[0]
     head = first.split(". ", 1)[0]
     return short_line(head if len(head) >= 20 else first, width)
 
 
 def peer_failure(err: BaseException, rank: int, doing: str, detail: str = "") -> CollectiveTimeout:
-    """The one error every rank raises for a lost peer or timed-out collective `doing` something, with no further
-    collective (the process group cannot be trusted again)."""
+    """The one error every rank raises for a lost peer or a timed-out collective, with no further collective."""
     said = gist(err)
     return CollectiveTimeout(f"rank {rank}: {doing} stopped{detail}: a peer rank died or a collective timed out "
                              f"({type(err).__name__}: {said}); every rank stops, 'latest' was not moved")

@@ -15,8 +15,7 @@ from zckpt_nb.errors import UsageError
 
 @dataclass(frozen=True)
 class Preset:
-    """Shape of one GPT-2 style model and its batch: `global_batch` sequences per optimizer step whatever the world
-    size (a resume on another N continues the same optimisation); at most `micro_batch` at once on a rank."""
+    """Shape of one GPT-2 style model and its batch (`global_batch` whatever the world size)."""
 
     vocab_size: int
     n_positions: int
@@ -121,27 +120,23 @@ def deepspeed_persistence_default() -> int:
 
 
 def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
-    """Build preset `name` partitioned across ranks; (model, the HfDeepSpeedConfig to keep alive with the engine).
-
-    Under transformers 5 the HfDeepSpeedConfig must be alive before `from_config`: transformers then builds inside
-    `deepspeed.zero.Init` and initialises each module gathered whole on rank 0 (`initialize_weights_zero3`), which
-    DeepSpeed re-partitions (`build_model_bare` shows the trap).
-    """
+    """Build preset `name` partitioned across ranks; (model, the HfDeepSpeedConfig to keep alive)."""
     from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
+    # Alive before from_config, transformers 5 builds inside deepspeed.zero.Init and initialises each module
+    # gathered whole on rank 0 (`build_model_bare` shows the trap)
     hf_ds_config = HfDeepSpeedConfig(config)
     model = AutoModelForCausalLM.from_config(gpt2_config(name))
     return model, hf_ds_config
 
 
 def build_model_bare(name: str, config: dict[str, Any]) -> tuple[Any, None]:
-    """The trap (`--init bare_zero_init`): `from_config` inside a bare `deepspeed.zero.Init`; transformers 5 skips its
-    weight init, so the weights keep PyTorch's defaults (embeddings N(0, 1), not N(0, 0.02)) and the first loss is
-    several times ln(vocab)."""
+    """The trap (`--init bare_zero_init`): `from_config` inside a bare `deepspeed.zero.Init`."""
     import deepspeed
     from transformers import AutoModelForCausalLM
 
+    # transformers 5 then skips its weight init: PyTorch's defaults (embeddings N(0, 1)), a first loss far above ln(V)
     with deepspeed.zero.Init(config_dict_or_path=config):
         model = AutoModelForCausalLM.from_config(gpt2_config(name))
     return model, None

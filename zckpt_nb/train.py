@@ -101,8 +101,7 @@ class History:
 
 
 def setup_distributed(timeout_s: float) -> tuple[str, str]:
-    """Join the process group: NCCL with one GPU per rank, else gloo; (backend, device). DeepSpeed's accelerator
-    decides (DS_ACCELERATOR), so CPU ranks on a GPU box never create a CUDA context."""
+    """Join the process group: NCCL with one GPU per rank, else gloo; (backend, device)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -118,14 +117,11 @@ def setup_distributed(timeout_s: float) -> tuple[str, str]:
 
 
 def skip_shm_op() -> None:
-    """Tell DeepSpeed its CPU shared-memory all-reduce op is unavailable, so no rank JIT-builds or loads it.
-
-    The op serves only `inference_all_reduce`, which training never calls. Loading it takes torch's extension
-    file lock (~/.cache/torch_extensions/.../lock) on every start; a rank killed while holding it (a timeout, an
-    interrupted kernel, a kill -9 test) leaves the lock behind and every later job on the machine waits forever.
-    """
+    """Tell DeepSpeed its CPU shared-memory all-reduce op is unavailable, so no rank builds or loads it."""
     import deepspeed.ops
 
+    # The op serves only inference_all_reduce; loading it takes torch's extension file lock, which a killed rank
+    # leaves behind, and every later job on the machine then waits forever.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
@@ -133,11 +129,7 @@ CUBLAS_WORKSPACE = ":4096:8"  # what cuBLAS needs to be deterministic (CUDA's an
 
 
 def set_determinism(choice: str, device: str) -> str:
-    """Make this rank's kernels deterministic when asked (`auto`: on GPU ranks); one line saying what holds.
-
-    On GPUs, exact resume needs it: cuBLAS picks reduction orders by workspace, and SDPA's flash and memory-efficient
-    backward are not deterministic, so the math backend is the one left on. Called before any kernel runs.
-    """
+    """Make this rank's kernels deterministic when asked (`auto`: on GPU ranks); one line saying what holds."""
     import torch
 
     on_gpu = device.startswith("cuda")
@@ -145,7 +137,7 @@ def set_determinism(choice: str, device: str) -> str:
         return f"not enforced (--deterministic {choice}): torch.use_deterministic_algorithms off"
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
-    if on_gpu:
+    if on_gpu:  # exact resume on GPUs: SDPA's flash and memory-efficient backward are not deterministic
         for backend in ("flash", "mem_efficient", "cudnn"):
             getattr(torch.backends.cuda, f"enable_{backend}_sdp")(False)
         torch.backends.cuda.enable_math_sdp(True)
@@ -174,12 +166,12 @@ def sum_over_ranks(value: float, device: str) -> float:
 
 
 def train_step(engine: Any, batch: Any, share: range, world: int, device: str) -> float:
-    """One optimizer step on this rank's `share` of the global `batch`; the global batch's mean loss. The weight makes
-    DeepSpeed's averaged gradient the global batch's mean however it is split; a rank with no sample in a micro-step
-    runs one with weight 0 (it still joins ZeRO-3's collectives)."""
+    """One optimizer step on this rank's `share` of the global `batch`; the global batch's mean loss."""
     import torch
 
     gas, total = engine.gradient_accumulation_steps(), 0.0
+    # The weight makes the averaged gradient the global batch's mean however it is split; a rank with no sample in
+    # a micro-step runs one with weight 0 (it still joins ZeRO-3's collectives).
     for part in data.micro_steps(share, gas):
         x = batch[list(part) or [0]].to(device)
         loss = engine(input_ids=x, attention_mask=torch.ones_like(x), labels=x).loss
@@ -190,8 +182,7 @@ def train_step(engine: Any, batch: Any, share: range, world: int, device: str) -
 
 
 def main(argv: list[str] | None = None, engine_kind: type[ZckptEngine] = ZckptEngine) -> None:
-    """Run the worker (giving DeepSpeed an `engine_kind` checkpoint engine); a checkpoint that cannot be used or a
-    lost collective ends it with one line, exit 1."""
+    """Run the worker; an unusable checkpoint or a lost collective ends it with one line, exit 1."""
     lifeline.arm()  # no rank outlives torchrun or the launching process, however they were killed
     try:
         train(TrainOptions.parse(argv), engine_kind)
@@ -312,8 +303,7 @@ def resume(worker: Worker) -> int:
 
 
 def loop(worker: Worker, start_step: int) -> tuple[SaveLog, History]:
-    """Train from `start_step` to `--steps`, saving every `--save_every` steps (and at the end with
-    `--save_checkpoint`); each save's stall and time to durable go into the SaveLog."""
+    """Train from `start_step` to `--steps`, saving every `--save_every` steps into the SaveLog."""
     opts, engine = worker.opts, worker.engine
     checkpointer = Checkpointer(engine, opts.output_dir, mode=opts.save_mode, tokenizer=worker.tokenizer,
                                 keep_last=opts.keep_last, identity=worker.identity,
@@ -359,8 +349,7 @@ def save_now(worker: Worker, checkpointer: Checkpointer, log: SaveLog, step: int
 
 
 def consolidated_saves(worker: Worker) -> list[SaveCost]:
-    """The consolidated routes asked for (`--save_16bit`, `--save_gathered`) on every rank, each into its own folder;
-    their costs. Rank 0 also prints DeepSpeed's `log_summary` for them alone (collective: every rank calls it)."""
+    """The consolidated routes asked for, on every rank, each into its own folder; their costs."""
     import deepspeed.comm as ds_comm
     import torch.distributed as dist
 

@@ -56,8 +56,7 @@ def newest_dcp(output_dir: str | Path) -> str:
 
 
 def build(opts: TrainOptions, rank: int, world: int, horizon: int) -> FsdpWorker:
-    """The model sharded with fully_shard (each block, then the root; bf16 compute over fp32 masters when asked),
-    AdamW and WarmupDecayLR as ds_config says."""
+    """The model sharded with fully_shard, AdamW and WarmupDecayLR as ds_config says."""
     import torch
     from deepspeed.runtime.lr_schedules import WarmupDecayLR
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -123,11 +122,7 @@ def save(worker: FsdpWorker, step: int) -> None:
 
 
 def train_step(worker: FsdpWorker, batch: Any) -> float:
-    """One optimizer step on this rank's share, weighted as the ZeRO-3 worker weights it; the global mean loss.
-
-    FSDP2 averages gradients over ranks (as DeepSpeed does) but, unlike DeepSpeed, does not divide by the
-    accumulation steps, so the weight lacks that factor. The gradient norm is clipped to 1.0 over all shards.
-    """
+    """One optimizer step on this rank's share, weighted as the ZeRO-3 worker weights it; the mean loss."""
     import torch
 
     opts, preset = worker.opts, get_preset(worker.opts.model)
@@ -136,6 +131,7 @@ def train_step(worker: FsdpWorker, batch: Any) -> float:
     for part in data.micro_steps(share, gas):
         x = batch[list(part) or [0]]
         loss = worker.model(input_ids=x, attention_mask=torch.ones_like(x), labels=x).loss
+        # FSDP2 averages over ranks but, unlike DeepSpeed, does not divide by the accumulation steps
         (loss * (len(part) * worker.world / len(batch))).backward()
         total += loss.item() * len(part)
     torch.nn.utils.clip_grad_norm_(worker.model.parameters(), 1.0)

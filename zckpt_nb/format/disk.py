@@ -59,10 +59,7 @@ def nearest_existing(path: Path) -> Path:
 
 
 def write_once(save_dir: Path, write: Callable[[str], Any]) -> None:
-    """Run `write(folder)` into a temporary folder and move its files into `save_dir` atomically.
-
-    Used for the tokenizer and config: written on the first save only, so a later full disk cannot truncate them.
-    """
+    """Run `write(folder)` into a temporary folder and move its files into `save_dir` atomically."""
     tmp = save_dir / ".zckpt_tmp_shared"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -106,11 +103,7 @@ def replace_folder(new: Path, target: Path) -> None:
 
 @contextmanager
 def staged(target: Path) -> Iterator[Path]:
-    """A folder of this command's own (a unique name beside `target`) to build `target` in: moved into place when the
-    block succeeds (replacing `target`, which the caller checked it may), removed with any parent it made otherwise.
-
-    Refuses a `target` that is a symlink: nothing is written or deleted through one.
-    """
+    """A folder of this command's own beside `target`, moved into place on success and removed otherwise."""
     if target.is_symlink():
         raise UsageError(f"{target} is a symbolic link; name a real folder for the output")
     made = [p for p in [*reversed(target.parents)] if not p.exists()]

@@ -73,8 +73,7 @@ def is_plain_name(name: Any) -> bool:
 
 
 def latest_name(ckpt_dir: str | Path) -> str | None:
-    """What `latest` names (None without one), read up to 256 bytes: a longer text is no folder name, and is
-    refused as one by whoever uses it."""
+    """What `latest` names (None without one), read up to 256 bytes."""
     path = Path(ckpt_dir) / "latest"
     if not path.is_file():
         return None
@@ -106,16 +105,12 @@ def node_rank() -> int:
 
 
 def writes_folder(node_local: bool) -> bool:
-    """Does this rank write the folder's shared files, manifest and `latest` (rank 0; local rank 0 if node-local)?
-
-    DeepSpeed's own rule for creating the checkpoint folder.
-    """
+    """Does this rank write the folder's shared files, manifest and `latest` (DeepSpeed's rule)?"""
     return int(os.environ.get("LOCAL_RANK" if node_local else "RANK", 0)) == 0
 
 
 def sizes_of(paths: Iterable[str | Path]) -> dict[Path, int]:
-    """Each file's size in bytes, leaving out any removed since it was listed: a failed save's files, which the rank
-    that cleans up deletes while another rank may still be counting them."""
+    """Each file's size in bytes, leaving out any removed since it was listed (a failed save's files)."""
     found = {}
     for path in paths:
         try:
@@ -126,8 +121,7 @@ def sizes_of(paths: Iterable[str | Path]) -> dict[Path, int]:
 
 
 def rank_files(output_dir: str | Path, tag: str, rank: int, committed: bool = False) -> list[dict[str, Any]]:
-    """The files rank `rank` wrote for checkpoint `tag`, with their sizes in bytes, read from disk; `committed`
-    adds the manifest rank 0 wrote last, where there is one."""
+    """The files rank `rank` wrote for `tag` with their sizes; `committed` adds the manifest."""
     root = Path(output_dir)
     try:
         paths = sorted((root / tag).glob(f"*zero_pp_rank_{rank}_*"))

@@ -33,8 +33,7 @@ KINDS = (None, "universal", "dcp", "export")  # a save's tag folder, DeepSpeed's
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file: its path relative to the folder described (shared files: to the folder above), size and SHA-256,
-    and the rank (and node) that wrote it."""
+    """One file: its path relative to the folder, size, SHA-256, and the rank (and node) that wrote it."""
 
     path: str
     bytes: int
@@ -132,8 +131,7 @@ def parse(record: Any) -> Manifest:
 
 
 def read_manifest(folder: Path) -> Manifest:
-    """The manifest of `folder`, every defect (absent, too large, not JSON, a wrong type, a missing key, NUL in a
-    name, a file listed twice, another version) a CheckpointError of one line."""
+    """The manifest of `folder`; every defect a CheckpointError of one line."""
     path = folder / MANIFEST
     if not path.is_file():
         raise CheckpointError(f"{folder} has no {MANIFEST}, so it was never committed by zckpt_nb (DeepSpeed's own "
@@ -171,11 +169,7 @@ def shared_entries(ckpt_dir: Path) -> list[FileEntry]:
 
 
 def commit(folder: Path, manifest: Manifest, synced: bool = False) -> None:
-    """Commit `folder`: its files made durable (fsynced, unless their writer did: `synced`) and their folders' entries,
-    then `manifest` written last and atomically (temporary file, fsync, rename), then the folder's own entry.
-
-    The one routine that writes a manifest: every save and every converter commits through it.
-    """
+    """Commit `folder`: files and folder entries fsynced, then `manifest` written last and atomically."""
     here = [folder / e.path for e in manifest.files if e not in manifest.elsewhere()]
     for path in [] if synced else here + [folder.parent / e.path for e in manifest.shared]:
         with open(path, "rb") as f:

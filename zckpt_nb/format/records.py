@@ -46,8 +46,7 @@ class Route(StrEnum):
 
 
 class Record:
-    """A dataclass that reads back from its JSON. `record["name"]` reads a field as well, for code written while
-    run.json was a dict; new code reads attributes."""
+    """A dataclass that reads back from its JSON; `record["name"]` reads a field too (old run.json code)."""
 
     def __getitem__(self, name: str) -> Any:
         return getattr(self, name)

@@ -59,9 +59,7 @@ def tensors_in(obj: Any) -> Iterator[Any]:
 
 
 def save_bytes(engine: Any, state: dict[str, Any]) -> int:
-    """An upper bound of this rank's two files when the ZeRO-3 `engine` saves client `state`: 12 B per owned element,
-    the tensors kept whole (persistent parameters, buffers, the client state's), a header per tensor and per name,
-    the pickled config and client state."""
+    """An upper bound of this rank's two files when the ZeRO-3 `engine` saves client `state`."""
     module = engine.module
     owned = sum(getattr(p, "ds_tensor", p).numel() for p in module.parameters())
     client = list(tensors_in(state))

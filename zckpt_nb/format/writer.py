@@ -5,6 +5,8 @@ checked before anything reads it back, so the CRC adds CPU time and no safety (o
 memory with it, 0.16 s without). `skip_crc32` turns it off once, before the first save; torch keeps the option per
 context (a `ContextVar`), so a thread that saves runs in a copy of the caller's context. `torch.load` reads such
 files unchanged (Python's `zipfile`, `unzip -t`, would report the missing CRC).
+By hand because Python's file objects cannot write O_DIRECT, and the page cache made durable saves CPU-bound here
+(docs/save_stall.md).
 """
 
 from __future__ import annotations
@@ -32,14 +34,7 @@ def skip_crc32() -> None:
 
 
 class DirectFile:
-    """A write-only file that bypasses the page cache (O_DIRECT) and hashes what it writes off the caller's thread.
-
-    `torch.save` fills one of two page-aligned BLOCK-byte buffers while a worker thread hashes (SHA-256) and writes the
-    other; `close` writes the tail without O_DIRECT, fsyncs and closes. A filesystem that refuses O_DIRECT (tmpfs) gets
-    the same blocks through the page cache. A failure comes out of the next `write` or of `close`, the descriptor
-    closed either way. By hand because Python's file objects cannot write O_DIRECT, and the page cache made durable
-    saves CPU-bound here (docs/save_stall.md).
-    """
+    """A write-only O_DIRECT file that hashes (SHA-256) and writes on a worker thread, fsynced at close."""
 
     def __init__(self, path: str | Path) -> None:
         self.fd, self.direct = open_direct(path)
@@ -103,8 +98,7 @@ class DirectFile:
         write_all(self.fd, view)
 
     def close(self) -> None:
-        """Write what is left, fsync, close; always closes the descriptor and stops the worker (`with` calls it); a
-        second call does nothing (DCP closes the streams it is given)."""
+        """Write the tail, fsync, close; always closes the descriptor and stops the worker; idempotent."""
         if self.closed:
             return
         self.closed = True

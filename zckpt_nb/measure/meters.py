@@ -42,8 +42,7 @@ def _libc() -> Any:
 
 
 def heap_in_use() -> int | None:
-    """Bytes malloc has handed out and not freed yet, over all arenas (glibc `mallinfo2`); None off glibc. RSS misses
-    allocations into pages already resident (malloc reuses freed memory); live heap bytes see every one."""
+    """Bytes malloc has handed out and not freed, over all arenas (glibc `mallinfo2`); None off glibc."""
     libc = _libc()
     if libc is None:
         return None
@@ -61,8 +60,7 @@ def rss_high_water() -> int | None:
 
 
 def reset_rss_high_water() -> bool:
-    """Restart VmHWM at the current RSS (Linux: write 5 to /proc/self/clear_refs); False where that is refused. The
-    peak before is kept for `host_peak_bytes` (getrusage's ru_maxrss reads the same counter)."""
+    """Restart VmHWM at the current RSS (Linux); False where refused, the earlier peak kept."""
     PEAKS_BEFORE_RESETS["host"] = max(PEAKS_BEFORE_RESETS["host"], rss_high_water() or 0)
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -79,9 +77,7 @@ def host_peak_bytes() -> int:
 
 
 class HostMemory:
-    """Peak RSS (the kernel's high-water mark, reset at the start) and peak live heap bytes of this process while a
-    block runs. The heap has no such counter: a thread samples it every `finest` seconds at first, then every tenth of
-    the time elapsed, at most every `interval` (`mallinfo2` locks every arena), and once more at the end."""
+    """Peak RSS and peak live heap bytes of this process while a block runs."""
 
     def __init__(self, interval: float = 0.05, finest: float = 0.001) -> None:
         import psutil
@@ -99,7 +95,7 @@ class HostMemory:
         if not self._kernel_peak:
             self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
 
-    def _run(self) -> None:
+    def _run(self) -> None:  # the heap has no high-water mark, so sample finely first, then each tenth of the time
         start = time.perf_counter()
         while not self._stop.wait(min(self._interval, max(self._finest, (time.perf_counter() - start) / 10))):
             self._sample()
@@ -125,8 +121,7 @@ class HostMemory:
 
 
 def pinned_host_bytes() -> int:
-    """Pinned host memory torch's caching host allocator holds now, cached blocks included (blocks are powers of two
-    and kept after their tensor is freed: up to twice the bytes asked for)."""
+    """Pinned host memory torch's caching host allocator holds now, cached blocks included."""
     import torch
 
     return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
@@ -150,8 +145,7 @@ class PeakCuda:
 
 
 def count_object_collective(objects: list[Any]) -> None:
-    """Count one all_gather_object: the pickled bytes every rank holds after it, plus an int64 size per object
-    (DeepSpeed's comms logger never sees torch's object collectives)."""
+    """Count one all_gather_object (DeepSpeed's comms logger never sees torch's object collectives)."""
     import pickle
 
     OBJECT_COLLECTIVES["ops"] += 1
@@ -159,10 +153,7 @@ def count_object_collective(objects: list[Any]) -> None:
 
 
 def comm_counts() -> dict[str, dict[int, int]] | None:
-    """DeepSpeed's comms-logger record on this rank so far: op -> {message size in bytes: count}.
-
-    {} when no process group exists (no collective can have run); None when one exists but the logger is off.
-    """
+    """DeepSpeed's comms-logger record so far: op -> {size: count}; {} without a group, None if off."""
     comm = sys.modules.get("deepspeed.comm")
     if comm is None or not comm.is_initialized():
         return {}
@@ -174,8 +165,7 @@ def comm_counts() -> dict[str, dict[int, int]] | None:
 
 def comm_delta(before: dict[str, dict[int, int]] | None,
                after: dict[str, dict[int, int]] | None) -> dict[str, dict[str, int]] | None:
-    """The operations logged between two `comm_counts` snapshots: op -> {'count', 'bytes', 'max_bytes'}; 'bytes' is
-    DeepSpeed's message size times count (an all-gather: this rank's slice; a broadcast: the whole tensor)."""
+    """The operations logged between two `comm_counts` snapshots: op -> {'count', 'bytes', 'max_bytes'}."""
     if before is None or after is None:
         return None
     delta = {}
@@ -189,9 +179,7 @@ def comm_delta(before: dict[str, dict[int, int]] | None,
 
 
 def flush_writes() -> None:
-    """Write every dirty page back now (`os.sync`), so the route timed next does not pay for earlier files written
-    through the page cache (one repeat took twice the next here, docs/planning.md). The in-training save does not:
-    its time is training's stall, which pays for whatever the disk is still doing."""
+    """Write every dirty page back now (`os.sync`), so the route timed next pays only for its own files."""
     os.sync()
 
 
@@ -224,8 +212,7 @@ def files_under(root: str | Path) -> list[Path]:
 
 
 def peak_memory(device: str) -> dict[str, int | None]:
-    """This rank's run-wide peaks by kind (including before the saves' resets): host RSS always, CUDA allocated and
-    pinned host bytes on a GPU rank."""
+    """This rank's run-wide peaks by kind: host RSS, and CUDA allocated and pinned host bytes on a GPU."""
     if not device.startswith("cuda"):
         return {"peak_memory_bytes": host_peak_bytes(), "cuda_peak_bytes": None, "pinned_host_bytes": None}
     import torch
@@ -236,9 +223,7 @@ def peak_memory(device: str) -> dict[str, int | None]:
 
 def measure_offline_route(route: str, convert: Callable[[], Any], ckpt_dir: str | Path, tag: str | None,
                           out_dir: str | Path) -> SaveCost:
-    """Run a one-process route from checkpoint `tag` (default: `latest`) into `out_dir` and measure it: rank 0, no
-    collective bytes, the bytes of the tag's rank files read. So that it pays for its own work only, DeepSpeed's
-    converter and transformers' GPT-2 are imported and earlier writes flushed (`flush_writes`) first."""
+    """Run a one-process route from checkpoint `tag` into `out_dir` and measure its own work only."""
     import deepspeed.utils.zero_to_fp32  # noqa: F401
     import transformers
 

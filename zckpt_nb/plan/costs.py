@@ -82,8 +82,7 @@ class Memory:
 
 @dataclass(frozen=True)
 class SaveCost:
-    """What one save route costs: the bytes rank 0 writes and reads, DeepSpeed's logged collective bytes per op on
-    each rank, and the extra peak memory, term by term."""
+    """What one save route costs: rank 0's bytes written and read, collective bytes per op, extra peak memory."""
 
     route: str
     written_bytes: int
@@ -174,8 +173,7 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
 
 def file_bytes(name: str, n: int, *, steps: int = 5, seed: int = 0, persistence_threshold: int = 0,
                dtype: str = "fp32") -> int:
-    """Predicted size of one rank's two files on disk for preset `name` saved by this package's worker: payload plus
-    torch.save's header (which holds the worker's DeepSpeed config and client state, so only a preset has one)."""
+    """Predicted size of one rank's two files for preset `name` saved by this package's worker."""
     config = ds_config(name, steps=steps, world_size=n, comms_logger=True, persistence_threshold=persistence_threshold,
                        bf16=dtype == "bf16")
     return module_file_bytes(meta_model(name), n, config, steps, package_client(config, n, steps, seed))

@@ -44,8 +44,7 @@ def placeholders(model: Any) -> OrderedDict:
 
 
 def package_client(config: dict[str, Any], n: int, step: int, seed: int) -> dict[str, Any]:
-    """This package's client state as the worker saves it, from the config alone (the global batch within a few
-    bytes), its RNG tensor empty (those bytes are payload)."""
+    """This package's client state as the worker saves it, from the config alone, its RNG tensor empty."""
     import torch
 
     batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
@@ -67,10 +66,7 @@ def shared_params(model: Any) -> dict[str, str]:
 
 
 def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> dict[str, Any]:
-    """The model-states file's content as DeepSpeed's `_save_checkpoint` writes it under ZeRO-3, tensors empty.
-
-    `model` is a meta model or a live ZeRO-3 one (whose shapes are in `ds_shape`); `client` the client state saved.
-    """
+    """The model-states file's content as DeepSpeed writes it under ZeRO-3, tensors empty."""
     batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
     shapes = OrderedDict((k, getattr(p, "ds_shape", p.shape)) for k, p in model.named_parameters())
     return {"module": placeholders(model), "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
@@ -106,8 +102,7 @@ def deepspeed_version() -> str:
 
 
 def module_file_bytes(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> int:
-    """Predicted size of one rank's two files when `model` trained with `config` on `n` ranks saves at `step`, with
-    client state `client` (tensors empty)."""
+    """Predicted size of one rank's two files when `model` on `n` ranks saves at `step`."""
     numels = tuple(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     payload = (1 + ADAM_STATES) * FP32 * slice_numel(numels, n) + fixed_tensor_bytes()
     header = saved_size(model_states(model, n, config, step, client)) + saved_size(optim_states(n, config))

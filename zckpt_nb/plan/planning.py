@@ -30,9 +30,7 @@ READ_RANK_FILES = ("offline", "hf")  # the routes that open every rank's two fil
 
 @dataclass(frozen=True)
 class Bandwidths:
-    """Write (one rank to storage), read (one process from storage) and network (one rank's link) in GB/s; the
-    latency of one ring step of a collective call in µs, and the cost of opening one rank file in ms (0: not
-    modelled)."""
+    """Write, read and network GB/s; a collective ring step's latency in µs; a rank file's open in ms."""
 
     write_gbps: float
     read_gbps: float
@@ -78,16 +76,14 @@ def work(pred: Prediction, route: str) -> dict[str, float]:
 
 
 def time_terms(pred: Prediction, bw: Bandwidths) -> dict[str, dict[str, float]]:
-    """Per route, rank 0's seconds by kind of work (`work` times `Bandwidths.unit_seconds`; terms of 0 s left out);
-    offline and hf: the conversion alone."""
+    """Per route, rank 0's seconds by kind of work (terms of 0 s left out)."""
     unit = bw.unit_seconds()
     return {route: {k: v * unit[k] for k, v in work(pred, route).items() if v * unit[k]} for route in pred.saves}
 
 
 @dataclass(frozen=True)
 class PlannedSave:
-    """One save route planned on N ranks: what rank 0 writes and holds, its seconds by kind of work, how long it
-    stops training (stall) and how long until its output is on disk (durable)."""
+    """One save route planned on N ranks: bytes, seconds by kind, stall and time to durable."""
 
     route: str
     world_size: int

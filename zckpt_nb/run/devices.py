@@ -53,10 +53,7 @@ def too_many(requested: int, gpus: int) -> str:
 
 
 def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> list[Placement]:
-    """Simulated nodes on this machine: node k's ranks get GPUs k*nproc .. k*nproc+nproc-1, or all are CPU ranks.
-
-    Every node's ranks start at LOCAL_RANK 0, so without their own `CUDA_VISIBLE_DEVICES` they would all take GPU 0.
-    """
+    """Simulated nodes on this machine: node k's ranks get GPUs k*nproc .. k*nproc+nproc-1, or CPUs."""
     need = nnodes * nproc
     if accelerator != "cuda" or gpus < need:
         note = (f"{counted(nnodes, 'node')} x {counted(nproc, 'CPU rank')} (DS_ACCELERATOR=cpu, gloo)"

@@ -95,8 +95,7 @@ def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, no
 
 
 def worker_env(nproc: int, placement: Placement | None = None) -> dict[str, str]:
-    """Environment for the ranks: CPU ranks use DeepSpeed's CPU accelerator (gloo); who launched them (lifeline);
-    the placement's DS_ACCELERATOR or CUDA_VISIBLE_DEVICES (`run.devices`)."""
+    """Environment for the ranks: accelerator, lifeline, and the placement's devices."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **lifeline.launcher_env())
     if not gpus_for(placement):
         env["DS_ACCELERATOR"] = "cpu"
@@ -207,8 +206,7 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
                   on_line: Callable[[str, str], None] | None = None,
                   stop: threading.Event | None = None, nodes: Nodes = ONE_NODE,
                   placement: Placement | None = None) -> tuple[list[str], float]:
-    """Run `python -m module args` on `nproc` ranks of this node; (all output lines, seconds). Never hangs.
-    `on_line(who, text)` sees every line; setting `stop` kills every rank and raises LaunchStopped."""
+    """Run `python -m module args` on `nproc` ranks; (output lines, seconds). Never hangs."""
     log: list[str] = []
     per_rank: dict[str, deque] = defaultdict(lambda: deque(maxlen=12))
     shown = Progress(name, verbose, progress)
@@ -245,8 +243,7 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
 
 
 def default_timeout(model: str, nproc: int, steps: int) -> float:
-    """A generous bound for one launch (a hung job must end; no performance claim): start-up plus the preset's step
-    time, scaled by ranks per CPU core."""
+    """A generous bound for one launch: start-up plus the preset's step time, scaled by ranks per core."""
     per_step = {"tiny": 0.2, "small": 1.5, "medium": 15.0, "large": 60.0}.get(model, 60.0)
     crowding = max(1.0, nproc / (os.cpu_count() or 1))
     return 300 + crowding * (60 * nproc + per_step * steps * 3)
@@ -256,13 +253,7 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
            verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
            stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, placement: Placement | None = None,
            worker: str = "zckpt_nb.train", **options: Any) -> RunResult:
-    """Train on `nproc` ranks (GPUs if present, else CPU) and return its run.json as a `RunResult`.
-
-    `options` are the worker's, typed (`TrainOptions`: `save_every=50`, `save_mode="async"`, ...); an unknown one is
-    refused. `timeout=None` scales with the preset, steps and ranks. On several nodes call it once per node with its
-    `nodes`. `worker` is the module torchrun starts (`zckpt_nb.train`, `zckpt_nb.train_fsdp`, or one taking the same
-    flags): a name, so this layer never imports the entry points.
-    """
+    """Train on `nproc` ranks (GPUs if present, else CPU) and return its run.json as a `RunResult`."""
     if not module_exists(worker):
         raise UsageError(f"--worker {worker}: no such module; give zckpt_nb.train, zckpt_nb.train_fsdp or a module "
                          "that takes the worker's flags")

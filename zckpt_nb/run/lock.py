@@ -24,8 +24,7 @@ class FolderInUse(RuntimeError):
 
 
 def me(job: str = "", node: int = 0) -> dict[str, Any]:
-    """What the lock file holds: this host, this process and its start time (so a reused pid is not us), the job
-    (empty on one node) and this launcher's node."""
+    """What the lock file holds: host, process and its start time, job and node."""
     pid, started = lifeline.identity(os.getpid()).split(":")
     return {"host": socket.gethostname(), "pid": int(pid), "started": float(started), "job": job, "node": node}
 

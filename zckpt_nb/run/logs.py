@@ -40,8 +40,7 @@ def rank_error_line(lines: list[str]) -> str:
 
 
 def failure_report(err: Exception, output_dir: str | Path, width: int = 300) -> str:
-    """A failed job in a few lines: the outcome, each distinct rank error line (from DIR/launch.log, `short_line`;
-    an error every rank agreed on, which each prints under its first rank's name, once), and the full log's path."""
+    """A failed job in a few lines: the outcome, each distinct rank error line, and the log's path."""
     log = Path(output_dir) / "launch.log"
     found = rank_lines(output_dir, last=10**6) if log.is_file() else {}
     said: dict[str, str] = {}

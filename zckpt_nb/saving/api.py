@@ -48,8 +48,7 @@ def adapter(engine: Any) -> Any:
 
 
 def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
-    """What rank 0 writes beside the checkpoints: the tokenizer (if any), config.json and, for a peft model, its
-    adapter_config.json (what `export` reads)."""
+    """What rank 0 writes beside the checkpoints: tokenizer, config.json, and a peft adapter_config.json."""
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     config = getattr(engine.module, "config", None)
@@ -78,10 +77,7 @@ def save_plain(engine: Any, save_dir: Path, tag: str, step: int, state: dict[str
 
 
 class Checkpointer:
-    """Every save mode behind one call; build one on every rank and call `save` on every rank at the same steps.
-    `identity` is what the manifest records of the model; `keep_last` keeps the newest K committed checkpoints. An
-    `async` (or `async_process`) checkpointer has at most one save in flight: `poll` picks up its outcome, `finish`
-    waits for it."""
+    """Every save mode behind one call; build one and call `save` on every rank at the same steps."""
 
     def __init__(self, engine: Any, output_dir: str | Path, *, mode: str = SaveMode.COMMIT, tokenizer: Any = None,
                  keep_last: int = 0, identity: dict[str, Any] | None = None,
@@ -98,8 +94,7 @@ class Checkpointer:
                                     timeout_s=timeout_seconds(collective_timeout), process=process)
 
     def save(self, step: int, client_state: dict[str, Any] | None = None) -> SaveOutcome:
-        """Save at `step` with `client_state` (any dict; DeepSpeed hands it back on load), on every rank. A failed
-        write does not raise: `.committed` is False and `.error` the same line on every rank."""
+        """Save at `step` with `client_state` on every rank; a failed write sets `.committed` False, no raise."""
         state, tag = dict(client_state or {}), tag_for(step)
         pending = pending_micro_batches(self.engine)
         if pending:  # in the checkpoint (resume hands it back), in the outcome, and said once on rank 0
@@ -168,11 +163,7 @@ def wait(engine: Any) -> list[SaveOutcome]:
 
 
 def resume(engine: Any, output_dir: str | Path, tag: str | None = None, *, strict: bool = True) -> dict[str, Any]:
-    """Every rank: load the newest committed checkpoint (or `tag`) into `engine`, after every rank verified its own
-    files against the manifest and every file was unpickled weights-only; returns the saved client state.
-    `strict=False` loads a checkpoint saved with `exclude_frozen_parameters=True` (frozen weights stay the model's).
-    An engine built with DeepSpeed's `"checkpoint": {"load_universal": true}` loads on any world size: rank 0 verifies
-    the checkpoint and converts it once to a universal copy, or reuses the one `reshard` made."""
+    """Every rank: load the newest committed checkpoint (or `tag`), verified; returns the client state."""
     if engine.load_universal_checkpoint():
         tag, _, _ = universal_copy(output_dir, None, tag=tag)
         return load_verified(engine, Path(output_dir) / UNIVERSAL, tag, restore_rng=False, strict=strict)

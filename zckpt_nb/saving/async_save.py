@@ -42,8 +42,7 @@ class InFlight:
 
 
 class AsyncSaver:
-    """This rank's asynchronous saves, at most one in flight; every rank calls `save` and `finish` at the same
-    boundaries, `poll` is local."""
+    """This rank's asynchronous saves, at most one in flight."""
 
     def __init__(self, engine: Any, output_dir: str | Path, identity: dict[str, Any], *, keep_last: int,
                  timeout_s: float, process: ProcessWriter | None = None) -> None:
@@ -57,8 +56,7 @@ class AsyncSaver:
         self.process = process
 
     def save(self, tag: str, state: dict[str, Any], step: int, prepare: Any) -> SaveOutcome:
-        """Copy and start writing `tag`; returns in flight (`in_flight`) unless the preflight failed. At most one save
-        is in flight: call `finish` first."""
+        """Copy and start writing `tag`; returns in flight unless the preflight failed."""
         import torch.distributed as dist
 
         start, rank = time.perf_counter(), dist.get_rank()

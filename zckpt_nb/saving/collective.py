@@ -15,8 +15,7 @@ GROUP: ContextVar[Any] = ContextVar("zckpt_protocol_group", default=None)
 
 
 def gather(obj: Any) -> list[Any]:
-    """all_gather_object: every rank's `obj` on every rank (on this thread's `GROUP`); a lost peer raises
-    `CollectiveTimeout` (errors.peer_failure)."""
+    """all_gather_object on this thread's `GROUP`; a lost peer raises `CollectiveTimeout`."""
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()

@@ -107,8 +107,7 @@ def run_save(engine: Any, files: Files, save_dir: Path, tag: str, state: dict[st
 
 
 def finish_deepspeed_save(engine: Any) -> None:
-    """Rank 0 after its copy of DeepSpeed's recovery scripts failed: what `save_checkpoint` does after that copy,
-    the optimizer's epilogue (ZeRO-3 gathers persistent parameters there) and the final barrier the others wait in."""
+    """Rank 0, its recovery-script copy failed: the rest of DeepSpeed's `save_checkpoint`."""
     import torch.distributed as dist
 
     epilogue = getattr(engine.optimizer, "checkpoint_event_epilogue", None)
@@ -118,8 +117,7 @@ def finish_deepspeed_save(engine: Any) -> None:
 
 
 def commit_folder(save_dir: Path, tag: str, manifest: Manifest, before_latest: Callable[[], None]) -> None:
-    """Step 4: the manifest (`format.manifest.commit`: the files were fsynced as written), then `latest`, by
-    temporary file + fsync + rename."""
+    """Step 4: the manifest (`format.manifest.commit`), then `latest`, each atomically."""
     commit(save_dir / tag, manifest, synced=True)
     atomic_write(save_dir / "latest", tag, before_rename=before_latest)
 

@@ -63,8 +63,7 @@ class Files:
             self.error = describe_error(err, path, self.rank, doing)
 
     def keep(self, state: Any, path: Path) -> None:
-        """A host copy of a file's state, fixed before training changes the tensors (`snapshot.host_copy`, or the
-        writer process's shared buffers)."""
+        """A host copy of a file's state, fixed before training changes the tensors."""
         copied = self.stage(state)
         self.snapshots.append((path, copied))
         self.snapshot_bytes += snapshot.storage_bytes(copied)
@@ -76,8 +75,7 @@ class Files:
         return [file_entry(path, tag_dir, sha, self.rank, node_rank()) for path, sha in self.written]
 
     def timings(self, write_seconds: float, protocol_seconds: float) -> dict[str, float]:
-        """A save's stages in seconds: "write" without the fsyncs' seconds; the hash runs beside the write, on the
-        writer's thread, so its seconds are inside "write" and shown apart too."""
+        """A save's stages in seconds (the hash runs beside the write, inside "write")."""
         return {"write": write_seconds - self.fsync_seconds, "fsync": self.fsync_seconds, "hash": self.hash_seconds,
                 "protocol": protocol_seconds}
 
@@ -145,8 +143,7 @@ class ZckptEngine(CheckpointEngine):
             self.files.fail(e, path, "creating")
 
     def protocol_point(self, point: str) -> None:
-        """The commit protocol reached `point` ("written": the files are written, "latest": the manifest is durable
-        and `latest` moves next). Nothing happens here; a subclass may act (the fault tests kill the process)."""
+        """The commit protocol reached `point` ("written", "latest"); a subclass may act here."""
 
     def load(self, path: str, map_location: Any = None) -> Any:
         return load(path, map_location=map_location)

@@ -23,8 +23,7 @@ def report_failed_save(outcome: SaveOutcome, output_dir: str | Path, on_save_err
 
 
 class SaveLog:
-    """This rank's saves for run.json (`SaveRecord`): how long each stopped training (to the next step's start, plus a
-    later step's wait for DeepSpeed's decoupled writer) and how long until it was durable."""
+    """This rank's saves for run.json (`SaveRecord`): each one's stall and time to durable."""
 
     def __init__(self, output_dir: str | Path, on_save_error: str, rank: int) -> None:
         self.output_dir, self.on_save_error, self.rank = output_dir, on_save_error, rank
@@ -57,8 +56,7 @@ class SaveLog:
             self.saves[-1].commit_wait_at, self.saves[-1].commit_wait_seconds = start - self.loop_start, seconds
 
     def add(self, outcome: SaveOutcome, start: float, durable: bool, cost: SaveCost) -> None:
-        """A save called at `start` returned; `durable`: once committed it is on disk. An asynchronous save returns in
-        flight: `settle` follows, and completes its `cost` with the files the background write put on disk."""
+        """A save called at `start` returned; an asynchronous one in flight is completed by `settle`."""
         record = SaveRecord(**vars(outcome), started_at=start - self.loop_start)
         self.saves.append(record)
         self.save_seconds += outcome.seconds

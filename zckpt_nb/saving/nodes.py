@@ -60,8 +60,7 @@ def layout_problem(reports: list[dict[str, Any]], output_dir: Path, node_local: 
 
 
 def check_layout(output_dir: str | Path, node_local: bool) -> None:
-    """Every rank: refuse (LayoutError, the same line on every rank) an output folder that does not fit the layout;
-    the probe files go again, so a refused job leaves nothing behind."""
+    """Every rank: refuse (LayoutError) an output folder that does not fit the layout, leaving nothing."""
     import torch.distributed as dist
 
     output_dir = Path(output_dir)
@@ -81,8 +80,7 @@ def check_layout(output_dir: str | Path, node_local: bool) -> None:
 
 
 def drop_partial(output_dir: str | Path, tag: str) -> None:
-    """Before resuming from `tag`, a folder's writer deletes the newer checkpoints a crash between the nodes' commits
-    left committed on this node only, so their steps can be saved again."""
+    """Before resuming from `tag`, delete newer checkpoints committed on this node only."""
     for newer in [t for t in committed_tags(output_dir) if tag_step(t) > tag_step(tag)]:
         error = delete_tag(Path(output_dir), newer)
         if error:

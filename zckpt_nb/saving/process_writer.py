@@ -31,8 +31,7 @@ PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere); the ranks use it too
-    (`run.lifeline`)."""
+    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -54,8 +53,7 @@ def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
 
 
 def write_job(rank: int, items: list[tuple[str, Any, dict[int, dict]]], zipfile: bool) -> dict[str, Any]:
-    """Write `items` (path, staged state, its tensors' attributes) in order, stopping at the first error; what was
-    written, with the fsync and hash seconds (the caller times the whole write)."""
+    """Write `items` in order, stopping at the first error; what was written, with fsync and hash seconds."""
     import torch
 
     from zckpt_nb.format.writer import DirectFile
@@ -78,8 +76,7 @@ def write_job(rank: int, items: list[tuple[str, Any, dict[int, dict]]], zipfile:
 
 
 class ProcessWriter:
-    """This rank's writer process and its staging buffers; start it from the main thread (the kernel kills the
-    process when the thread that started it ends)."""
+    """This rank's writer process and its staging buffers; start it from the main thread."""
 
     def __init__(self, zipfile: bool = True) -> None:
         import torch.multiprocessing as mp
@@ -96,8 +93,7 @@ class ProcessWriter:
         self.process.start()
 
     def stage(self, state: Any) -> Any:
-        """A copy of `state` in shared host memory, fixed before training changes the tensors. Called in the save,
-        on the training thread: a writer that died (its save failed and was reported) is replaced here."""
+        """A copy of `state` in shared host memory; a writer that died is replaced here."""
         if not self.process.is_alive():
             self.start()
         return host_copy(state, self.staging)

@@ -28,9 +28,7 @@ def saved_world_size(ckpt_dir: str | Path) -> int | None:
 
 def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any] | None,
                       tag: str | None = None) -> tuple[str, str | None]:
-    """`tag` (default: the newest committed one), verified before loading: each rank hashes its own files, all ranks
-    agree. Returns (tag, note) where note says what was skipped; raises CheckpointError on every rank otherwise.
-    """
+    """`tag` (default: the newest committed one) verified by every rank; (tag, note) or CheckpointError."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -50,12 +48,7 @@ def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any] | None,
 
 def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float = 600,
                   convert: bool = True) -> tuple[str, str | None, Path, dict[str, Any] | None]:
-    """Every rank: (tag, note, folder to load from, the universal manifest or None), the same on every rank.
-
-    Same world size: the checkpoint itself (each rank verifies its own files). Another world size: rank 0
-    converts once (or reuses a copy), every other rank waits for its verdict; CheckpointError on every rank.
-    `convert=False` hands the newest checkpoint to DeepSpeed's own loader as it is (a lesson's trap).
-    """
+    """Every rank: (tag, note, folder to load from, the universal manifest or None), the same on all."""
     import torch.distributed as dist
 
     if not convert:
@@ -71,8 +64,7 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
 
 def universal_copy(ckpt_dir: str | Path, identity: dict[str, Any] | None, timeout: float = 600,
                    tag: str | None = None) -> tuple[str, str | None, dict[str, Any]]:
-    """Every rank: rank 0 verifies `tag` (default: the newest committed) and converts it to a universal copy once,
-    or reuses the copy `reshard` made; (tag, note, the copy's manifest record), or CheckpointError on every rank."""
+    """Every rank: rank 0 verifies `tag` and converts it to a universal copy once (or reuses one)."""
     import torch.distributed as dist
 
     result: dict[str, Any] = {}
@@ -95,15 +87,8 @@ def universal_copy(ckpt_dir: str | Path, identity: dict[str, Any] | None, timeou
 
 def load_verified(engine: Any, load_dir: str | Path, tag: str, restore_rng: bool = True,
                   strict: bool = True) -> dict[str, Any]:
-    """Load model, optimizer, scheduler and client state from verified checkpoint `tag`; restore this rank's RNG
-    when the client state holds the package's. Returns the client state.
-
-    `restore_rng=False` for a universal load: every rank then reads rank 0's client state, not its own; `strict`
-    is DeepSpeed's `load_module_strict` (False: a module state without the frozen weights loads).
-    DeepSpeed reads through the package's checkpoint engine (`saving.engine`), weights-only: a file holding anything
-    but tensors and the types DeepSpeed writes is refused before it can run code, even with a forged manifest.
-    """
-    install(engine)
+    """Load model, optimizer, scheduler and client state from verified `tag`; returns the client state."""
+    install(engine)  # reads weights-only: a file holding more than tensors and DeepSpeed's types is refused
     path, state = engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=strict)
     if path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint {tag} to load in {load_dir}")

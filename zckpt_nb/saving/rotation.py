@@ -24,11 +24,10 @@ def doomed_tags(save_dir: Path, keep_last: int) -> list[str]:
 
 
 def delete_tag(save_dir: Path, tag: str) -> str | None:
-    """Delete one checkpoint, its manifest first (a delete stopped part-way leaves an incomplete folder, never a
-    committed one with files missing); None, or one line saying what failed and what state it is left in."""
+    """Delete one checkpoint, its manifest first; None, or one line saying what failed."""
     tag_dir = save_dir / tag
     try:
-        (tag_dir / MANIFEST).unlink(missing_ok=True)
+        (tag_dir / MANIFEST).unlink(missing_ok=True)  # stopped part-way: an incomplete folder, never a committed one
         fsync_dir(tag_dir)
     except OSError as e:
         return f"{describe_error(e, e.filename or tag_dir, 0, 'deleting')}; {tag} is left whole"
@@ -58,8 +57,7 @@ def rotate(save_dir: Path, keep_last: int) -> tuple[list[str], str | None]:
 
 
 def after_commit(save_dir: str | Path, keep_last: int, outcome: SaveOutcome, node_local: bool = False) -> None:
-    """Every rank, after a committed save: each folder's writer rotates; `outcome.deleted` is rank 0's list,
-    `outcome.rotation_error` joins every writer's failures."""
+    """Every rank, after a committed save: each folder's writer rotates."""
     results = gather(rotate(Path(save_dir), keep_last) if writes_folder(node_local) else ([], None))
     outcome.deleted = results[0][0]
     outcome.rotation_error = "; ".join(error for _, error in results if error) or None

@@ -17,9 +17,8 @@ from zckpt_nb.format.layout import REFERENCE, WEIGHTS
 
 
 def save_gathered16(engine: Any, out_dir: str | Path) -> Path:
-    """DeepSpeed's consolidated save on every rank; rank 0 writes `out_dir/pytorch_model.bin`. Without the 16-bit gather
-    DeepSpeed writes nothing and says so only at INFO level: the silent no-op is printed."""
-    if not engine.save_16bit_model(str(out_dir), WEIGHTS):
+    """DeepSpeed's consolidated save on every rank; rank 0 writes `out_dir/pytorch_model.bin`."""
+    if not engine.save_16bit_model(str(out_dir), WEIGHTS):  # DeepSpeed says so only at INFO level
         print(f"rank {engine.global_rank}: save_16bit_model returned False and wrote nothing "
               f"(stage3_gather_16bit_weights_on_model_save is "
               f"{engine.zero_gather_16bit_weights_on_model_save()})", flush=True)
@@ -53,9 +52,7 @@ def save_per_param(engine: Any, out_dir: str | Path) -> Path:
 
 
 def save_reference(engine: Any, input_ids: Any, output_dir: str | Path, rank: int) -> Path:
-    """Write what the tests compare the routes against, independent of all of them: each rank's raw `ds_tensor`
-    slices (no collective, no DeepSpeed consolidation code) and the engine's logits on `input_ids` (the slices are the
-    weights the engine computes with: in bf16, the fp32 masters match them up to that cast)."""
+    """Write what the tests compare the routes against: raw `ds_tensor` slices and the logits."""
     import torch
 
     ref = Path(output_dir) / REFERENCE

@@ -29,15 +29,13 @@ def lr_at(model: str, step: int, horizon: int) -> float:
 
 
 def saved_horizon(load_dir: str | Path, tag: str) -> int | None:
-    """The schedule horizon in a checkpoint's client state (read weights-only from any rank's file here); None if
-    absent."""
+    """The schedule horizon in a checkpoint's client state; None if absent."""
     states = load(min((Path(load_dir) / tag).glob("zero_pp_rank_*_mp_rank_00_model_states.pt")), mmap=True)
     return states.get(CLIENT_KEY, {}).get("steps")
 
 
 def resume_schedule(model: str, steps: int, start: int, saved: int | None, new: bool) -> Schedule:
-    """The schedule a resume trains with: both horizons and the LRs around the resume step (the first resumed step
-    trains at the LR restored with the optimizer; a new horizon shows from step `start + 1`)."""
+    """The schedule a resume trains with: both horizons and the LRs around the resume step."""
     horizon = steps if new or saved is None else saved
     old = saved or steps
     return Schedule(horizon, saved, new, start, lr_restored=lr_at(model, start, old),

@@ -16,9 +16,7 @@ from zckpt_nb.format.sizes import tensors_in
 
 
 def host_copy(state: Any, staging: dict[tuple[str, int], Any] | None = None) -> Any:
-    """A deep copy of `state` with every tensor in host memory, storage sharing kept. With `staging` (kept from one
-    save to the next), every storage, host ones too, is copied into shared memory another process can read, into the
-    buffer the previous save made for the same source storage when there is one."""
+    """A deep copy of `state` with every tensor in host memory (or `staging`'s shared buffers)."""
     storages: dict[tuple[str, int], Any] = {}
     memo = {id(t): to_host(t, storages, staging) for t in tensors_in(state)
             if staging is not None or t.device.type != "cpu"}
@@ -27,8 +25,7 @@ def host_copy(state: Any, staging: dict[tuple[str, int], Any] | None = None) -> 
 
 def to_host(tensor: Any, storages: dict[tuple[str, int], Any],
             staging: dict[tuple[str, int], Any] | None = None) -> Any:
-    """`tensor` as a view of a host copy of its whole storage (made once per storage: pinned where CUDA is, or in
-    `staging`'s shared buffers)."""
+    """`tensor` as a view of a host copy of its whole storage, made once per storage."""
     import torch
 
     source = tensor.untyped_storage()
