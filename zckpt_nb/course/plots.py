@@ -27,7 +27,7 @@ def losses(curves: Mapping[str, Mapping[int, float]], *, title: str, note: str, 
         style = {"lw": 3, "alpha": 0.35} if i == 0 else {"lw": 1.2, "ls": "--", "marker": ".", "ms": 4}
         ax.plot(list(by_step), list(by_step.values()), label=name, color=f"C{i}", **style)
     if ref is not None:
-        ax.axhline(ref, color="grey", ls=":", label=f"ln(vocab) = {ref:.2f}")
+        ax.axhline(ref, color="grey", ls=":", label=f"ln(vocab) = {ref:.3f}")
     ax.set(title=title, xlabel="optimizer step (count)", ylabel=ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, never over a curve
