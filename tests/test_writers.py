@@ -10,7 +10,7 @@ import torch
 
 from zckpt_nb.examples import faults
 from zckpt_nb.format.disk import PAGE
-from zckpt_nb.format.writer import BLOCK, DirectFile, open_direct
+from zckpt_nb.format.writer import BLOCK, DirectFile, Written, open_direct, write_hashed
 
 pytestmark = pytest.mark.fast  # make test-fast
 
@@ -45,6 +45,22 @@ def test_torch_save_into_it_gives_torch_saves_own_bytes_without_crc_and_torch_lo
     for mmap in (False, True):  # what DeepSpeed's load_checkpoint and zero_to_fp32.py do
         loaded = torch.load(tmp_path / "s.pt", weights_only=True, mmap=mmap)
         assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
+
+
+def test_write_hashed_records_each_file_and_keeps_the_first_error_without_the_partial_file(tmp_path):
+    def fail_halfway(state, out):
+        out.write(b"x" * PAGE)
+        raise OSError(errno.EIO, "I/O error")
+
+    into = Written(rank=3)
+    assert write_hashed(into, tmp_path / "a.pt", {"w": torch.ones(3)}, torch.save)
+    assert into.written == [(tmp_path / "a.pt", hashlib.sha256((tmp_path / "a.pt").read_bytes()).hexdigest())]
+    assert not write_hashed(into, tmp_path / "b.pt", None, fail_halfway)
+    assert not (tmp_path / "b.pt").exists() and len(into.written) == 1
+    first = into.error
+    assert "rank 3" in first and "EIO" in first
+    into.fail(OSError(errno.ENOSPC, "No space left on device"), tmp_path / "c.pt")
+    assert into.error == first
 
 
 def test_a_full_disk_raises_enospc_and_closes_the_file(tmp_path):

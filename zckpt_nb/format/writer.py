@@ -17,10 +17,13 @@ import hashlib
 import mmap
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.errors import describe_error
 from zckpt_nb.format.disk import PAGE
 
 BLOCK = 8 * 2**20  # bytes per O_DIRECT write: a multiple of the page size, as O_DIRECT requires
@@ -138,3 +141,34 @@ def write_all(fd: int, view: memoryview) -> None:
     """os.write until every byte of `view` is written (a short write can happen on any filesystem)."""
     while len(view):
         view = view[os.write(fd, view):]
+
+
+@dataclass
+class Written:
+    """Files written on rank `rank` by `write_hashed`: path and SHA-256 of each, their seconds, the first error."""
+
+    rank: int
+    written: list[tuple[Path, str]] = field(default_factory=list)
+    error: str | None = None
+    fsync_seconds: float = 0.0
+    hash_seconds: float = 0.0
+
+    def fail(self, err: BaseException, path: str | Path, doing: str = "writing") -> None:
+        """Keep the first error, as one line naming this rank, what failed and where."""
+        if self.error is None:
+            self.error = describe_error(err, path, self.rank, doing)
+
+
+def write_hashed(into: Written, path: Path, state: Any, serialise: Callable[[Any, DirectFile], Any]) -> bool:
+    """`serialise(state, out)` into a DirectFile at `path`, recorded in `into`; False, the first error kept, if not."""
+    try:
+        with DirectFile(path) as out:
+            serialise(state, out)
+    except Exception as e:  # kept for the agreement, not raised; the partial file goes
+        into.fail(e, path)
+        path.unlink(missing_ok=True)
+        return False
+    into.written.append((path, out.hexdigest()))
+    into.fsync_seconds += out.fsync_seconds
+    into.hash_seconds += out.hash_seconds
+    return True

@@ -21,11 +21,10 @@ from typing import Any
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.errors import describe_error
 from zckpt_nb.format.layout import node_rank
 from zckpt_nb.format.manifest import FileEntry, file_entry
 from zckpt_nb.format.records import SaveMode
-from zckpt_nb.format.writer import DirectFile
+from zckpt_nb.format.writer import Written, write_hashed
 from zckpt_nb.measure.meters import pinned_host_bytes
 from zckpt_nb.saving import snapshot
 
@@ -46,21 +45,15 @@ def launcher_env() -> dict[str, str]:
     return {"CROSS_RANK": os.environ.get("GROUP_RANK", "0"), "CROSS_SIZE": str(max(nodes, 1))}
 
 
-class Files:
-    """One save's files on this rank: each one's path and SHA-256, the host copies still to write, the first error."""
+class Files(Written):
+    """One save's files on this rank (`Written`), how the save wants them, and the host copies still to write."""
 
     def __init__(self, rank: int, how: str, stage: Callable[[Any], Any] = snapshot.host_copy) -> None:
-        self.rank, self.how, self.stage = rank, how, stage
-        self.written: list[tuple[Path, str]] = []
+        super().__init__(rank)
+        self.how, self.stage = how, stage
         self.snapshots: list[tuple[Path, Any]] = []
-        self.error: str | None = None
-        self.fsync_seconds = self.hash_seconds = self.write_seconds = 0.0
+        self.write_seconds = 0.0
         self.snapshot_bytes, self.pinned_bytes = 0, None
-
-    def fail(self, err: BaseException, path: str | Path, doing: str = "writing") -> None:
-        """Keep the first error, as one line naming this rank, what failed and where."""
-        if self.error is None:
-            self.error = describe_error(err, path, self.rank, doing)
 
     def keep(self, state: Any, path: Path) -> None:
         """A host copy of a file's state, fixed before training changes the tensors."""
@@ -102,21 +95,19 @@ class ZckptEngine(CheckpointEngine):
         files = self.files
         if files is None:
             self.inner.save(state_dict, path)
-        elif files.error is None:  # after an error, nothing more of this save is written
+        elif files.error is not None:  # after an error, nothing more of this save is written
+            return
+        elif files.how == SNAPSHOT:
             try:
-                files.keep(state_dict, Path(path)) if files.how == SNAPSHOT else \
-                    self.write_file(state_dict, Path(path), files)
-            except Exception as e:  # kept for the agreement; the partial file goes
+                files.keep(state_dict, Path(path))
+            except Exception as e:  # kept for the agreement
                 files.fail(e, path)
-                Path(path).unlink(missing_ok=True)
+        else:
+            self.write_file(state_dict, Path(path), files)
 
     def write_file(self, state_dict: Any, path: Path, files: Files) -> None:
         """One file: DeepSpeed's own serialisation into the hashing writer (O_DIRECT, SHA-256, fsync)."""
-        with DirectFile(path) as out:
-            self.inner.save(state_dict, out)
-        files.written.append((path, out.hexdigest()))
-        files.fsync_seconds += out.fsync_seconds
-        files.hash_seconds += out.hash_seconds
+        write_hashed(files, path, state_dict, self.inner.save)
 
     def write_snapshots(self, files: Files) -> None:
         """The host copies of an asynchronous save to their files (the background thread); the first error is kept."""
@@ -125,11 +116,7 @@ class ZckptEngine(CheckpointEngine):
             for path, state in files.snapshots:
                 if files.error:
                     break
-                try:
-                    self.write_file(state, path, files)
-                except Exception as e:
-                    files.fail(e, path)
-                    path.unlink(missing_ok=True)
+                self.write_file(state, path, files)
         finally:
             files.snapshots.clear()  # the memory goes back as soon as the files are on disk
             files.write_seconds = time.perf_counter() - start

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.errors import describe_error
 from zckpt_nb.format.sizes import tensors_in
+from zckpt_nb.format.writer import Written, write_hashed
 from zckpt_nb.saving.snapshot import host_copy
 
 POLL_S = 1.0  # how often each side looks whether the other is still alive
@@ -52,26 +52,17 @@ def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
         answers.put(write_job(*job, zipfile=zipfile))
 
 
-def write_job(rank: int, items: list[tuple[str, Any, dict[int, dict]]], zipfile: bool) -> dict[str, Any]:
+def write_job(rank: int, items: list[tuple[str, Any, dict[int, dict]]], zipfile: bool) -> Written:
     """Write `items` in order, stopping at the first error; what was written, with fsync and hash seconds."""
     import torch
 
-    from zckpt_nb.format.writer import DirectFile
-
-    answer: dict[str, Any] = {"written": [], "error": None, "fsync": 0.0, "hash": 0.0}
+    answer = Written(rank)
     for path, state, attributes in items:
         for i, tensor in enumerate(tensors_in(state)):
             tensor.__dict__.update(attributes.get(i, {}))
-        try:
-            with DirectFile(path) as out:
-                torch.save(state, out, _use_new_zipfile_serialization=zipfile)
-        except Exception as e:  # kept for the agreement; the partial file goes
-            answer["error"] = describe_error(e, path, rank)
-            Path(path).unlink(missing_ok=True)
+        if not write_hashed(answer, Path(path), state,
+                            lambda obj, out: torch.save(obj, out, _use_new_zipfile_serialization=zipfile)):
             break
-        answer["written"].append((path, out.hexdigest()))
-        answer["fsync"] += out.fsync_seconds
-        answer["hash"] += out.hash_seconds
     return answer
 
 
@@ -115,11 +106,10 @@ class ProcessWriter:
             files.fail(ChildProcessError(f"the writer process (pid {self.process.pid}) died with exit code "
                                          f"{self.process.exitcode}"), items[0][0] if items else "", "writing")
             return
-        files.written += [(Path(path), sha) for path, sha in answer["written"]]
-        files.fsync_seconds += answer["fsync"]
-        files.hash_seconds += answer["hash"]
-        if answer["error"] and files.error is None:
-            files.error = answer["error"]
+        files.written += answer.written
+        files.fsync_seconds += answer.fsync_seconds
+        files.hash_seconds += answer.hash_seconds
+        files.error = files.error or answer.error
 
     def answer(self) -> dict[str, Any] | None:
         """The process's answer to the job just sent; None if it died first."""
