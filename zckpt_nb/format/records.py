@@ -121,7 +121,7 @@ class Failure(Record):
 
 @dataclass
 class SaveCost(Record):
-    """What one save or route cost on one rank, measured (`measure.meters.measure`)."""
+    """What one save or route cost on one rank, measured (`measure.meters.measure`; predicted: `plan.costs`)."""
 
     mode: str  # a Route
     rank: int

@@ -82,7 +82,7 @@ class Memory:
 
 @dataclass(frozen=True)
 class SaveCost:
-    """What one save route costs: rank 0's bytes written and read, collective bytes per op, extra peak memory."""
+    """One route's cost predicted from a config: bytes, collectives, memory terms (measured: `records.SaveCost`)."""
 
     route: str
     written_bytes: int
