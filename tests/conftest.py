@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import psutil
@@ -29,6 +32,22 @@ def resumed_run(full_run: RunResult, tmp_path_factory: pytest.TempPathFactory) -
     dst = copy_checkpoint(full_run.output_dir, tmp_path_factory.mktemp("resumed"),
                                      f"global_step{RESUME_STEP}")
     return launch(2, STEPS, dst, resume=True, save_checkpoint=True, verbose=False, progress=False, timeout=600)
+
+
+def cli(*args: object) -> subprocess.CompletedProcess:
+    """`python -m zckpt_nb ARGS` run in this process, sparing each call an interpreter's start and its imports: exit
+    code, stdout and stderr as a subprocess would give them (warnings shown once per place, as a fresh one shows)."""
+    from zckpt_nb.cli import main
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("default")
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's usage errors exit 2
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["python", "-m", "zckpt_nb", *argv], code, out.getvalue(), err.getvalue())
 
 
 def procs_mentioning(text: str) -> list[psutil.Process]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from zckpt_nb.convert.adopt import ACCELERATE_FILE
 from zckpt_nb.errors import LaunchError
@@ -25,11 +24,6 @@ def own_loop(out, *args, nproc=2) -> list[str]:
     log, _ = launch_module(LOOP, [str(out), "--steps", "4", *args], nproc=nproc, timeout=300, name=f"own loop {out}",
                            verbose=False, progress=False)
     return log
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from conftest import cli
 from weights import compare_weights, load_weights, reference_state_dict
 
 from zckpt_nb.convert.export import measure_export
@@ -20,10 +21,6 @@ from zckpt_nb.run.launch import launch
 
 STEPS = 150  # enough for greedy text that reads like the corpus
 ROUTES = {"save_16bit": True, "save_gathered": True, "save_reference": True}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli
 
 from zckpt_nb.format.layout import universal_dir
 from zckpt_nb.format.manifest import read_manifest
@@ -21,11 +22,6 @@ from zckpt_nb.run.launch import launch_module
 WRITER = Path(__file__).with_name("foreign_dcp_writer.py")
 RESUMER = Path(__file__).with_name("foreign_dcp_resume.py")
 STEP = 3
-
-
-def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 def refused(done: subprocess.CompletedProcess, *words: str) -> None:

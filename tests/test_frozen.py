@@ -6,10 +6,9 @@ exports them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from conftest import cli
 from safetensors.torch import load_file
 
 from zckpt_nb.convert.inspect import excludes_frozen
@@ -25,11 +24,6 @@ def own_loop(out, *args) -> list[str]:
     log, _ = launch_module(LOOP, [str(out), *args], nproc=2, timeout=300, name=f"own loop {out}", verbose=False,
                            progress=False)
     return log
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import cli
 from safetensors.torch import load_file
 
 from zckpt_nb.convert.streaming import check_shapes
@@ -20,11 +20,6 @@ from zckpt_nb.run.launch import launch_module
 
 LOOP = "zckpt_nb.examples.own_loop"
 PREFIX = "base_model.model."
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 def refused(done: subprocess.CompletedProcess, *words: str) -> str:

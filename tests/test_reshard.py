@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import RESUME_STEP, STEPS, torchrun
+from conftest import RESUME_STEP, STEPS, cli, torchrun
 from weights import compare_weights, load_weights
 
 from zckpt_nb.convert.collect import copy_checkpoint
@@ -22,11 +22,6 @@ from zckpt_nb.format.manifest import sha256_file
 from zckpt_nb.run.launch import launch
 
 TAG = f"global_step{RESUME_STEP}"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -51,12 +51,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout on import; keep the output clean
             if args.tag and read_kind(Path(args.ckpt_dir) / args.tag) == "universal":
                 rows = universal_params(Path(args.ckpt_dir) / args.tag)
-                print(json.dumps(rows, indent=1) if args.json else format_universal(rows), file=sys.__stdout__)
-                return 0
-            info = inspect_checkpoint(args.ckpt_dir, args.tag)
+                text = json.dumps(rows, indent=1) if args.json else format_universal(rows)
+            else:
+                info = inspect_checkpoint(args.ckpt_dir, args.tag)
+                text = json.dumps(info.to_dict(), indent=1) if args.json else format_inspection(info)
     except (FileNotFoundError, CheckpointError) as e:
         raise UsageError(str(e)) from None
-    print(json.dumps(info.to_dict(), indent=1) if args.json else format_inspection(info))
+    print(text)
     return 0
 
 
