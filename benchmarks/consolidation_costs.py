@@ -17,12 +17,11 @@ import platform
 import sys
 from pathlib import Path
 
+from bench_tools import fresh_dir, measure_export, measure_offline  # benchmarks/bench_tools.py
 from route_costs import cost_summary, seed_vs_measured, text_table  # benchmarks/route_costs.py
 
-from zckpt_nb.convert.export import measure_export
-from zckpt_nb.convert.zero_to_fp32 import measure_offline
 from zckpt_nb.format.units import counted
-from zckpt_nb.run.launch import fresh_dir, launch
+from zckpt_nb.run.launch import launch
 
 
 def ratios(summary: list[dict], num_params: int) -> list[dict]:

@@ -35,13 +35,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.convert.dcp import UNIVERSAL_COPY, largest_state_bytes
+from bench_tools import fresh_dir, largest_state_bytes  # benchmarks/bench_tools.py
+
+from zckpt_nb.convert.dcp import UNIVERSAL_COPY
 from zckpt_nb.convert.verify import newest_committed
 from zckpt_nb.course.trace import trace_command
 from zckpt_nb.format.disk import fsync_dir
 from zckpt_nb.format.layout import universal_dir
 from zckpt_nb.format.manifest import read_manifest
-from zckpt_nb.run.launch import fresh_dir, launch
+from zckpt_nb.run.launch import launch
 
 UNIVERSAL = "import sys; from zckpt_nb.convert.dcp import to_dcp; to_dcp(*sys.argv[1:4], route='universal copy')"
 IMPORTS = ("import zckpt_nb.cli, zckpt_nb.convert.dcp, torch.distributed.checkpoint, deepspeed.utils.zero_to_fp32, "

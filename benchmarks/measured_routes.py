@@ -125,11 +125,11 @@ def measure_world_size(model: str, n: int, routes: list[str], out_dir: Path, *, 
                        **launch_options: Any) -> list[Measured]:
     """Run every asked-for route at world size `n`: one record per (route, rank). `stop` ends the launch (every
     rank killed) or skips the offline routes, raising LaunchStopped; `launch_options` go to `run.launch.launch`."""
-    from zckpt_nb.convert.export import measure_export
+    from bench_tools import fresh_dir, measure_export, measure_offline  # benchmarks/bench_tools.py
+
     from zckpt_nb.convert.inspect import inspect_checkpoint
-    from zckpt_nb.convert.zero_to_fp32 import measure_offline
     from zckpt_nb.measure.meters import flush_writes
-    from zckpt_nb.run.launch import fresh_dir, launch
+    from zckpt_nb.run.launch import launch
 
     flush_writes()  # the run's partitioned save must not pay for writing back the last world size's files
     run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}_t{persistence_threshold}"), save_checkpoint=True,

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_tools import fresh_dir  # benchmarks/bench_tools.py
 from dcp_convert import child_env, fsync_tree  # benchmarks/dcp_convert.py
 from save_throughput import disk_limit, launch_mode, rank_bytes, run_records, slowest
 
@@ -42,7 +43,7 @@ from zckpt_nb.convert.verify import newest_committed
 from zckpt_nb.course.trace import trace_command
 from zckpt_nb.format.layout import universal_dir
 from zckpt_nb.format.manifest import read_manifest
-from zckpt_nb.run.launch import fresh_dir, launch
+from zckpt_nb.run.launch import launch
 
 MODES = ("plain", "commit", "async", "async_process")
 CONVERSIONS = ("to-dcp", "from-dcp", "dcp.save (in memory)", "export", "zero_to_fp32.py", "zero_to_fp32.py + fsync")

@@ -30,10 +30,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench_tools import fresh_dir, rank_errors  # benchmarks/bench_tools.py
+
 from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.records import SaveMode
-from zckpt_nb.run.launch import RunResult, fresh_dir, launch
-from zckpt_nb.run.logs import rank_errors
+from zckpt_nb.run.launch import RunResult, launch
 
 NEEDS_ACCELERATOR = ("ds_fast",)  # FastPersist's writer: pinned buffers and async I/O, refused on CPU ranks
 

@@ -17,9 +17,10 @@ import platform
 import sys
 
 import offline_routes as offline  # benchmarks/offline_routes.py
+from bench_tools import fresh_dir  # benchmarks/bench_tools.py
 from route_costs import text_table
 
-from zckpt_nb.run.launch import fresh_dir, launch
+from zckpt_nb.run.launch import launch
 
 
 def main() -> None:

@@ -6,18 +6,20 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import cli
 from weights import compare_weights, load_weights, reference_state_dict
 
-from zckpt_nb.convert.export import measure_export
-from zckpt_nb.convert.zero_to_fp32 import measure_offline
 from zckpt_nb.data import corpus_text
 from zckpt_nb.format.layout import MANIFEST
 from zckpt_nb.measure import meters
 from zckpt_nb.run.launch import launch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_tools import measure_export, measure_offline  # noqa: E402  (benchmarks/bench_tools.py)
 
 STEPS = 150  # enough for greedy text that reads like the corpus
 ROUTES = {"save_16bit": True, "save_gathered": True, "save_reference": True}

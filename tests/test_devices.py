@@ -6,7 +6,8 @@ import pytest
 
 from zckpt_nb.course.ranks import choose_world, lesson_dtype, lesson_placement, use_lesson_ranks
 from zckpt_nb.errors import UsageError
-from zckpt_nb.run.devices import Placement, node_placements
+from zckpt_nb.format.units import counted
+from zckpt_nb.run.devices import Placement
 from zckpt_nb.run.launch import check_train_args, worker_env
 from zckpt_nb.run.options import TrainOptions
 
@@ -31,6 +32,19 @@ def test_cpu_ranks_any_number(accelerator, gpus):
     choice = choose_world(5, accelerator, gpus)
     assert (choice.ranks, choice.accelerator) == (5, "cpu")
     assert "CPU rank" in choice.note and "DS_ACCELERATOR=cpu" in choice.note
+
+
+def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> list[Placement]:
+    """Simulated nodes on this machine (test-only): node k's ranks get GPUs k*nproc .. k*nproc+nproc-1, or CPUs."""
+    need = nnodes * nproc
+    if accelerator != "cuda" or gpus < need:
+        note = (f"{counted(nnodes, 'node')} x {counted(nproc, 'CPU rank')} (DS_ACCELERATOR=cpu, gloo)"
+                + (f": {need} ranks do not fit the {counted(gpus, 'GPU')} here, one per GPU"
+                   if accelerator == "cuda" else ""))
+        return [Placement(nproc, "cpu", note) for _ in range(nnodes)]
+    ids = [tuple(range(k * nproc, (k + 1) * nproc)) for k in range(nnodes)]
+    word = "GPUs" if nproc > 1 else "GPU"
+    return [Placement(nproc, "cuda", f"node {k}: {word} {', '.join(map(str, ids[k]))}", ids[k]) for k in range(nnodes)]
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])

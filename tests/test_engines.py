@@ -1,12 +1,17 @@
 """DeepSpeed's own checkpoint engines as save modes under torchrun: real 2-rank runs, what they write, their stall."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from zckpt_nb.errors import LaunchError
 from zckpt_nb.format.layout import latest_name
 from zckpt_nb.run.launch import launch
-from zckpt_nb.run.logs import rank_errors
 from zckpt_nb.saving import engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_tools import rank_errors  # noqa: E402  (benchmarks/bench_tools.py)
 
 
 def run_saves(run) -> list[dict]:

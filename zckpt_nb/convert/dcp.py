@@ -220,12 +220,6 @@ def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]
             "peak_rss_bytes": meters.rss_high_water() or 0}, writer.digests
 
 
-def largest_state_bytes(ckpt_dir: str | Path, tag: str) -> int:
-    """The largest parameter's fp32 state in bytes, from the tag's rank files or else its universal copy."""
-    folder = Path(ckpt_dir) / tag
-    return ShardReader(folder if any(folder.glob("*_model_states.pt")) else universal_dir(ckpt_dir, tag)).unit
-
-
 def timed_check(files: list[tuple[Path, FileEntry]]) -> float:
     """Every listed file's SHA-256 against the manifest (CheckpointError where one differs); its seconds."""
     start = time.perf_counter()

@@ -21,8 +21,6 @@ from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable, read_json, staged, umask
 from zckpt_nb.format.layout import ADAPTER_CONFIG, EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
 from zckpt_nb.format.manifest import Manifest, commit, entries_under
-from zckpt_nb.format.records import Route, SaveCost
-from zckpt_nb.measure.meters import measure_offline_route
 from zckpt_nb.model import gpt2_config
 
 PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer_class that transformers 4.x and 5 both load
@@ -153,13 +151,6 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     with staged(out_dir) as tmp:
         write_export(ckpt_dir, manifest, tmp, shard_bytes, out_dir.name, config, adapter_config, merge)
     return out_dir
-
-
-def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
-                   max_shard_size: str | int = "5GB", overwrite: bool = False) -> SaveCost:
-    """Run `export` and measure it (`measure_offline_route`)."""
-    return measure_offline_route(Route.HF, lambda: export(ckpt_dir, out_dir, tag=tag, max_shard_size=max_shard_size,
-                                                           overwrite=overwrite), ckpt_dir, tag, out_dir)
 
 
 def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: int = 40,

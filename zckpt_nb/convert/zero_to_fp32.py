@@ -9,8 +9,6 @@ from pathlib import Path
 
 from zckpt_nb.convert.safeload import check_files, check_script
 from zckpt_nb.convert.verify import newest_committed
-from zckpt_nb.format.records import Route, SaveCost
-from zckpt_nb.measure.meters import measure_offline_route
 
 
 def convert_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> Path:
@@ -19,12 +17,6 @@ def convert_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None =
 
     convert_zero_checkpoint_to_fp32_state_dict(str(ckpt_dir), str(out_dir), tag=tag)
     return Path(out_dir)
-
-
-def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> SaveCost:
-    """Run route 3 and measure it (`measure_offline_route`)."""
-    return measure_offline_route(Route.OFFLINE, lambda: convert_offline(ckpt_dir, out_dir, tag), ckpt_dir, tag,
-                                 out_dir)
 
 
 def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> Path:

@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.layout import RANK_FILE, latest_name, sizes_of
+from zckpt_nb.format.layout import sizes_of
 from zckpt_nb.format.records import SaveCost
 
 PEAKS_BEFORE_RESETS = {"host": 0, "cuda": 0}  # the run-wide peaks seen before a save reset the counters
@@ -220,15 +220,3 @@ def peak_memory(device: str) -> dict[str, int | None]:
     return {"peak_memory_bytes": host_peak_bytes(), "pinned_host_bytes": pinned_host_bytes(),
             "cuda_peak_bytes": max(PEAKS_BEFORE_RESETS["cuda"], int(torch.cuda.max_memory_allocated()))}
 
-
-def measure_offline_route(route: str, convert: Callable[[], Any], ckpt_dir: str | Path, tag: str | None,
-                          out_dir: str | Path) -> SaveCost:
-    """Run a one-process route from checkpoint `tag` into `out_dir` and measure its own work only."""
-    import deepspeed.utils.zero_to_fp32  # noqa: F401
-    import transformers
-
-    transformers.GPT2LMHeadModel  # noqa: B018  (transformers imports its models lazily, on first access)
-    flush_writes()
-    tag_dir = Path(ckpt_dir) / str(tag or latest_name(ckpt_dir))
-    return measure(route, convert, written=lambda: files_under(out_dir),
-                   read=sorted(p for p in tag_dir.glob("*") if RANK_FILE.search(p.name)))

@@ -50,16 +50,3 @@ def too_many(requested: int, gpus: int) -> str:
     """One line: `requested` GPU ranks do not fit `gpus` GPUs, and the two ways that work."""
     return (f"--nproc {requested} asks for more GPU ranks than the {counted(gpus, 'GPU')} here (NCCL needs one GPU "
             f"per rank); use --nproc {gpus}, or set {CPU_HINT}")
-
-
-def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> list[Placement]:
-    """Simulated nodes on this machine: node k's ranks get GPUs k*nproc .. k*nproc+nproc-1, or CPUs."""
-    need = nnodes * nproc
-    if accelerator != "cuda" or gpus < need:
-        note = (f"{counted(nnodes, 'node')} x {counted(nproc, 'CPU rank')} (DS_ACCELERATOR=cpu, gloo)"
-                + (f": {need} ranks do not fit the {counted(gpus, 'GPU')} here, one per GPU"
-                   if accelerator == "cuda" else ""))
-        return [Placement(nproc, "cpu", note) for _ in range(nnodes)]
-    ids = [tuple(range(k * nproc, (k + 1) * nproc)) for k in range(nnodes)]
-    word = "GPUs" if nproc > 1 else "GPU"
-    return [Placement(nproc, "cuda", f"node {k}: {word} {', '.join(map(str, ids[k]))}", ids[k]) for k in range(nnodes)]

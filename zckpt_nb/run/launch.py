@@ -8,7 +8,6 @@ import importlib.util
 import os
 import queue
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -285,11 +284,3 @@ def module_exists(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:
         return False
-
-
-def fresh_dir(path: str | Path) -> Path:
-    """Empty (or create) `path` so a re-run starts from nothing; returns it resolved."""
-    path = Path(path).resolve()
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path

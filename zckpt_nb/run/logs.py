@@ -23,13 +23,6 @@ def rank_lines(output_dir: str | Path, last: int = 3, skip: str = r"^step \d+/")
     return {who: found[-last:] for who, found in sorted(lines.items())}
 
 
-def rank_errors(output_dir: str | Path) -> dict[str, str]:
-    """The last exception line each rank printed (from DIR/launch.log): what a failed job said, rank by rank."""
-    found = {who: [line.strip() for line in lines] for who, lines in rank_lines(output_dir, last=10**6).items()}
-    return {who: next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), "(no exception)")
-            for who, lines in found.items()}
-
-
 def rank_error_line(lines: list[str]) -> str:
     """A rank's own error, out of what it printed: the worker's one-line error, else its last exception line."""
     mine = [line.strip() for line in lines if ANY_WORKER_ERROR.search(line)]
