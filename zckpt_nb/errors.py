@@ -72,16 +72,12 @@ def describe_error(err: BaseException, path: str | Path, rank: int, doing: str =
     return f"rank {rank}: {what} {doing} {path}{detail}"
 
 
-def is_timeout(err: BaseException) -> bool:
-    """A collective that timed out or lost its peer (gloo and NCCL say so only in the message)."""
-    return any(word in str(err).lower() for word in TIMEOUT_WORDS)
-
-
 def is_peer_failure(err: BaseException) -> bool:
     """A collective failed because of the other ranks: a timeout, a lost peer, any torch.distributed error."""
     dist = sys.modules.get("torch.distributed")  # not loaded: no collective can have raised (verify runs without torch)
-    # NCCL's dead peer is a DistBackendError whose message names no timeout
-    return is_timeout(err) or (dist is not None and isinstance(err, dist.DistError))
+    # gloo and NCCL name a timeout or lost peer only in the message; NCCL's dead peer is a DistBackendError without one
+    timed_out = any(word in str(err).lower() for word in TIMEOUT_WORDS)
+    return timed_out or (dist is not None and isinstance(err, dist.DistError))
 
 
 SOURCE_PATH = re.compile(r"\[/[^\]\s]*/([\w.]+:\d+)\] ")  # gloo's "[/__w/pytorch/.../tcp/pair.cc:553] "

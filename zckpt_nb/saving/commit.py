@@ -116,12 +116,6 @@ def finish_deepspeed_save(engine: Any) -> None:
     dist.barrier()
 
 
-def commit_folder(save_dir: Path, tag: str, manifest: Manifest, before_latest: Callable[[], None]) -> None:
-    """Step 4: the manifest (`format.manifest.commit`), then `latest`, each atomically."""
-    commit(save_dir / tag, manifest, synced=True)
-    atomic_write(save_dir / "latest", tag, before_rename=before_latest)
-
-
 def agree_and_commit(writer: ZckptEngine, save_dir: Path, tag: str, step: int, files: Files,
                      identity: dict[str, Any], node_local: bool) -> str | None:
     """Steps 3 to 5 on every rank once its files are written: the error every rank agrees on, or None (committed)."""
@@ -136,7 +130,8 @@ def agree_and_commit(writer: ZckptEngine, save_dir: Path, tag: str, step: int, f
             entries = sorted((f for r in reports for f in r["files"]), key=lambda f: (f.rank, f.path))
             manifest = Manifest(tag, step, entries, world_size=dist.get_world_size(), identity=identity,
                                 shared=shared_entries(save_dir), node=node_rank() if node_local else None)
-            commit_folder(save_dir, tag, manifest, lambda: writer.protocol_point("latest"))
+            commit(save_dir / tag, manifest, synced=True)  # step 4: the manifest, then `latest`, each atomically
+            atomic_write(save_dir / "latest", tag, before_rename=lambda: writer.protocol_point("latest"))
         except OSError as e:
             commit_error = describe_error(e, e.filename or save_dir / tag, files.rank, "committing")
             (save_dir / tag / MANIFEST).unlink(missing_ok=True)
