@@ -1,10 +1,9 @@
 """The cost model: exact arithmetic on synthetic shapes, and agreement with real shards at N = 1 and 2."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from conftest import cli
 
 from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.format.sizes import fixed_tensor_bytes, padding, slice_numel
@@ -61,8 +60,7 @@ def test_predicted_partitioned_bytes_match_the_shards_within_1_percent(which, re
 
 
 def test_costs_cli_json_has_per_rank_bytes():
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "costs", "--model", "tiny", "--nproc", "3", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("costs", "--model", "tiny", "--nproc", "3", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)["prediction"]
     assert data["world_size"] == 3 and data["saves"]["partitioned"]["written_bytes"] > 0

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli
 
 from zckpt_nb.convert.dcp import RANK_FILES, UNIVERSAL_COPY, to_dcp
 from zckpt_nb.convert.reshard import ensure_universal
@@ -128,8 +127,7 @@ def test_to_dcp_refuses_to_replace_a_folder_it_did_not_write(zero_run: RunResult
     keep = tmp_path / "mine"
     keep.mkdir()
     (keep / "notes.txt").write_text("keep me")
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "to-dcp", str(zero_run.output_dir), str(keep)],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("to-dcp", str(zero_run.output_dir), str(keep))
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "notes.txt, which zckpt_nb did not write" in done.stderr
     assert (keep / "notes.txt").read_text() == "keep me"
@@ -191,8 +189,7 @@ def test_fsdp2_on_3_ranks_continues_the_zero3_run(zero_run: RunResult, fsdp_leg:
 def back_to_zero(fsdp_leg: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The FSDP2 leg's last DCP checkpoint converted back with from-dcp (the CLI, as a user runs it)."""
     out = tmp_path_factory.mktemp("back") / "zero"
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "from-dcp", str(fsdp_leg.output_dir / f"global_step"
-                           f"{2 * SWITCH}"), str(out), "--config", "tiny"], capture_output=True, text=True, timeout=300)
+    done = cli("from-dcp", str(fsdp_leg.output_dir / f"global_step{2 * SWITCH}"), str(out), "--config", "tiny")
     assert done.returncode == 0, done.stderr
     return out
 
@@ -217,15 +214,13 @@ def test_zero3_on_3_ranks_resumes_from_dcp(zero_run: RunResult, back_to_zero: Pa
 def test_from_dcp_refuses_bad_input_in_one_line(converted: Path, tmp_path: Path) -> None:
     for args in ([str(tmp_path / "nothing"), str(tmp_path / "a")], [str(converted), str(tmp_path / "b"),
                                                                       "--config", str(tmp_path / "none.json")]):
-        done = subprocess.run([sys.executable, "-m", "zckpt_nb", "from-dcp", *args, *([] if "--config" in args
-                               else ["--config", "tiny"])], capture_output=True, text=True, timeout=120)
+        done = cli("from-dcp", *args, *([] if "--config" in args else ["--config", "tiny"]))
         assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "b").exists()
 
 
 def test_export_of_from_dcp_output_says_how_to_get_a_save_it_reads(back_to_zero: Path, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(back_to_zero), str(tmp_path / "hf")],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("export", str(back_to_zero), str(tmp_path / "hf"))
     line = done.stderr.strip()
     assert done.returncode != 0 and "\n" not in line and "converted back from the DCP checkpoint" in line, line
     assert "load_universal" in line and not (tmp_path / "hf").exists()

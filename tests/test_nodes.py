@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
 from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name
@@ -49,8 +50,7 @@ def two_nodes(dirs: list[Path], *args: str, fault: str | None = None, timeout: f
 
 
 def verify_cli(ckpt_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", "verify", str(ckpt_dir)],
-                          capture_output=True, text=True, timeout=120)
+    return cli("verify", str(ckpt_dir))
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -145,19 +145,16 @@ def test_collect_assembles_the_parts_for_export_and_zero_to_fp32(local_run, tmp_
     import torch
 
     whole = tmp_path / "whole"
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "collect", *map(str, local_run), str(whole)],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("collect", *map(str, local_run), str(whole))
     assert done.returncode == 0, done.stderr
     assert verify_cli(whole).stdout.startswith("ok: global_step6 (step 6, 2 ranks, 4 files")
     state = torch.load(run_zero_to_fp32(whole, tmp_path / "fp32") / "pytorch_model.bin",
                        map_location="cpu", weights_only=True)
     assert sum({t.data_ptr(): t.numel() for t in state.values()}.values()) == json.loads(
         (local_run[0] / "run.json").read_text())["num_params"]
-    exported = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(whole), str(tmp_path / "hf")],
-                              capture_output=True, text=True, timeout=300)
+    exported = cli("export", str(whole), str(tmp_path / "hf"))
     assert exported.returncode == 0 and (tmp_path / "hf" / "model.safetensors").is_file(), exported.stderr
-    one = subprocess.run([sys.executable, "-m", "zckpt_nb", "collect", str(local_run[0]), str(tmp_path / "half")],
-                         capture_output=True, text=True, timeout=120)
+    one = cli("collect", str(local_run[0]), str(tmp_path / "half"))
     assert one.returncode == 1 and "no folder given for node(s) 1" in one.stderr
     assert len(one.stderr.strip().splitlines()) == 1 and not (tmp_path / "half").exists()
 
@@ -190,8 +187,7 @@ def test_node_local_storage_in_one_shared_folder_is_refused(tmp_path):
     (["--master_port", "70000"], "--master_port must be a TCP port"),
 ])
 def test_bad_node_flags_are_refused_in_one_line_before_any_rank_starts(tmp_path, args, message):
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "train", "--output_dir", str(tmp_path / "out"), *args],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("train", "--output_dir", str(tmp_path / "out"), *args)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 

@@ -2,12 +2,10 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import RESUME_STEP, SAVE_EVERY, STEPS
+from conftest import RESUME_STEP, SAVE_EVERY, STEPS, cli
 
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.inspect import inspect_checkpoint
@@ -80,14 +78,12 @@ def test_deepspeed_zero_to_fp32_reads_the_checkpoint(full_run, tmp_path):
 
 
 def test_inspect_cli_prints_every_rank_file_and_partition(full_run):
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "inspect", str(full_run.output_dir), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("inspect", str(full_run.output_dir), "--json")
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     assert [r["rank"] for r in info["ranks"]] == [0, 1]
     assert all(len(r["files"]) == 2 and r["partition_numel"] > 0 for r in info["ranks"])
-    text = subprocess.run([sys.executable, "-m", "zckpt_nb", "inspect", str(full_run.output_dir)],
-                          capture_output=True, text=True, timeout=120).stdout
+    text = cli("inspect", str(full_run.output_dir)).stdout
     assert "rank 1:" in text and "zero_pp_rank_1_mp_rank_00_optim_states.pt" in text and "P/N" in text
 
 
@@ -97,8 +93,7 @@ def test_inspect_refuses_what_is_not_a_checkpoint(tmp_path, bad):
     if bad == "empty":
         (target / "global_step1").mkdir(parents=True)
         (target / "latest").write_text("global_step1")
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "inspect", str(target)],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("inspect", str(target))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
 
 
