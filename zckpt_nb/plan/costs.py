@@ -1,31 +1,6 @@
 """A small model of ZeRO-3 state and save costs, computed from the model config alone (no run needed).
 
-For P parameters in tensors p_1..p_k, N ranks and Adam:
-- ZeRO-3 pads every tensor to a multiple of N and gives each rank one slice: rank r owns
-  sum_i ceil(|p_i| / N) elements (DeepSpeed's `_aligned_size`/`_partition_param`). That is P/N plus < 1 per tensor.
-- Each rank holds, for its slice: the working parameters (2 bytes in bf16, 4 in fp32), their gradients (same
-  dtype), an fp32 master copy (DeepSpeed keeps one even in fp32 runs) and Adam's exp_avg and exp_avg_sq (fp32).
-- A partitioned save writes, per rank, the fp32 master slice and both Adam moments: 12 bytes per owned element
-  (the `fp32_flat_groups` and optimizer `state` tensors of `..._optim_states.pt`), plus two small fixed tensors
-  (the rank's torch RNG state in our client state, Adam's step counter) and a pickle header (config, shapes).
-  The model-states file holds only 0-element placeholders under ZeRO-3.
-- Every `save_checkpoint` validates its tag: two all-reduces (MAX and MIN) of the tag's 20-byte SHA-1 digest.
-- Persistent tensors: with `stage3_param_persistence_threshold` t, every tensor of at most t elements is kept whole
-  on every rank (DeepSpeed's `mark_persistent_parameters`; its default t = 1e5). It is still partitioned for the
-  optimizer (the save writes the same bytes), but each rank also holds it whole in the working dtype, and every
-  `save_checkpoint` ends by all-gathering the persistent tensors again (`checkpoint_event_epilogue`).
-- A gathered (consolidated) save all-gathers parameters: each rank sends its slice of a tensor (DeepSpeed's comms
-  logger records that input: ceil(k/N) x dtype bytes per call) and receives the padded whole.
-  * Route 1, `save_16bit_model`, walks the modules and gathers each module's own parameters with
-    `GatheredParameters(modifier_rank=0)`, which broadcasts every full tensor back from rank 0 on exit. A tied
-    tensor is gathered (and broadcast) once per module that owns it (GPT-2's wte and lm_head: twice).
-  * Route 2, per-parameter gather, walks `named_parameters()` (each distinct tensor once), no broadcast.
-  Rank 0 keeps a full copy in the parameter dtype: P x dtype bytes extra, and writes them.
-- Offline conversion and HF export run in one process: no communication. The conversion (`zero_to_fp32`) loads each
-  optimizer file memory-mapped and drops Adam's moments before touching them (DeepSpeed 0.19.8's
-  `parse_optim_states`), so it reads the fp32 master slices only: 4 bytes per owned element per rank. It builds the
-  fp32 state dict (P x 4 bytes extra) and writes it. The export first checks every rank file's SHA-256 (every byte
-  read), then builds no tensor at all (it writes each one from the mapped rank files, `zckpt_nb.convert.streaming`).
+The formulas, each with the DeepSpeed function it follows, are in docs/cost_model.md ("The formulas").
 """
 
 from __future__ import annotations

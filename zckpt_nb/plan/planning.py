@@ -1,19 +1,7 @@
 """Plan a ZeRO-3 checkpoint at any scale before running it: any causal LM config, any N, seconds as well as bytes.
 
-Bytes come from `zckpt_nb.plan.costs` (exact, from the config built on the meta device). Seconds come from three
-bandwidths, in GB/s (1e9 bytes per second):
-- write: what one rank writes to durable storage at (every rank writes its own shard at the same time; a shared
-  filesystem's aggregate limit is not modelled);
-- read: what one process reads shards at (the offline conversion);
-- net: one rank's link. A collective's time is the bytes one rank receives over it (ring algorithms): an all-gather
-  receives the N - 1 slices it did not send (DeepSpeed logs the slice sent), an all-reduce 2 (N - 1) / N of its
-  buffer, a broadcast the whole buffer.
-And one latency, in µs: a ring step of one collective call (each call takes N - 1 steps whatever its size). DeepSpeed
-gathers tensor by tensor, so a gathered save at thousands of ranks can be bound by it rather than by bytes. It is
-0 (not modelled) unless given (docs/cost_model.md fits it, with the rest, on saves measured on CPU ranks).
-A save's training stall is the time until the ranks can step again; its time to durable, until its own output is
-on disk. The saves are synchronous, so these are equal except for the offline route, which runs after the
-partitioned save, off the training path.
+Bytes come from `zckpt_nb.plan.costs`; seconds from bandwidths in GB/s (1e9 bytes per second) and an optional
+latency per ring step, as docs/planning.md ("Seconds: a bandwidth model") says term by term.
 """
 
 from __future__ import annotations
