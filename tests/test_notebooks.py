@@ -121,7 +121,8 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     held = passed_checks(nb)
     assert len([line for line in held if "resume" in line]) == 4, held  # losses, LRs, steps, optimizer tensors
     assert any("plus less than 8 KiB" in line for line in held)  # each optimizer file against 12 B per element
-    assert get["NPROC"] == 1 or any("every rank gave up waiting" in line for line in held)  # rank-0-only save, bounded
+    assert get["NPROC"] == 1 or any("rank 0 gave up inside save_checkpoint" in line for line in held)  # bounded
+    assert get["NPROC"] == 1 or any("at least one rank timed out" in line for line in held)  # rank-0-only save
     assert any(f"engine.global_steps back to {get['RESUME_STEP']}," in line for line in held)  # DeepSpeed's own count
     assert not (runs / "mistakes" / "latest").exists()
     printed = [re.search(r"step (\d+) loss ([\d.e+-]+) lr ([\d.e+-]+)", line) for name in ("minimal", "minimal_resumed")
