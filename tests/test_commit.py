@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from zckpt_nb.convert.collect import copy_checkpoint
 from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
@@ -39,8 +40,7 @@ def failed_launch(out, steps=STEPS, **kw) -> str:
 
 
 def verify_cli(ckpt_dir, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zckpt_nb", "verify", str(ckpt_dir), *args],
-                          capture_output=True, text=True, timeout=120)
+    return cli("verify", str(ckpt_dir), *args)
 
 
 def same_losses(run_a, run_b) -> float:
@@ -109,9 +109,8 @@ def test_zero_to_fp32_converts_the_committed_checkpoint(ref_run, tmp_path):
 
 def test_train_cli_passes_the_save_flags_to_the_worker(tmp_path):
     out = tmp_path / "cli"
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "train", "--nproc", "2", "--steps", "8", "--save_every",
-                           "4", "--keep_last", "1", "--collective_timeout", "120", "--output_dir", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    done = cli("train", "--nproc", "2", "--steps", "8", "--save_every", "4", "--keep_last", "1",
+               "--collective_timeout", "120", "--output_dir", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
     assert committed_tags(out) == ["global_step8"] and latest_name(out) == "global_step8"
 
@@ -257,8 +256,7 @@ def test_resume_verifies_first_and_changes_nothing(copy):
 def test_resume_and_export_refuse_a_manifest_entry_leading_out(copy, tmp_path):
     lead_out(copy, "symlink")  # the rank files all look present: only the manifest check can refuse
     assert "a symlink leading out" in failed_launch(copy, resume=True)
-    done = subprocess.run([sys.executable, "-m", "zckpt_nb", "export", str(copy), str(tmp_path / "hf")],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("export", str(copy), str(tmp_path / "hf"))
     assert done.returncode == 2 and "a symlink leading out" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "hf").exists()
 
