@@ -10,7 +10,8 @@ falls on every route alike):
 - the floor: the disk's buffered+fsync write rate, `--nproc` processes each writing one rank's checkpoint bytes at
   once (`save_throughput.disk_limit`); every route's floor is its own written bytes at that round's rate;
 - one training launch per save mode (`--save_mode plain`, `commit`, `async`, `async_process`): per save, the slowest
-  rank's stall and time to durable (plain fsyncs nothing: no durable time);
+  rank's stall and time to durable (plain fsyncs nothing: no durable time); for the two asynchronous modes, how much
+  longer a step takes while a save is written in the background than a step of the same run with none in flight;
 - `to-dcp`, `from-dcp` (of to-dcp's output), `export`, DeepSpeed's `zero_to_fp32.py` without and then with an fsync
   of its output, each as its own process (`python -m zckpt_nb ...`, as users run them), wall time;
 - `dcp.save` of the same tensors to-dcp writes, already in memory (read before the clock starts), fsynced: what DCP
@@ -147,9 +148,24 @@ def save_modes(model: str, nproc: int, work: Path, steps: int, save_every: int, 
         durable = slowest(records, mode, "durable_seconds")
         figures[f"save: {mode}"] = {"stall": statistics.median(slowest(records, mode, "stall_seconds")),
                                     "s": statistics.median(durable) if durable else None,
-                                    "bytes": sum(rank_bytes(run_dir))}
+                                    "bytes": sum(rank_bytes(run_dir)), "beside": step_beside_write(run_dir)}
         shutil.rmtree(run_dir, ignore_errors=True)
     return figures
+
+
+def step_beside_write(run_dir: Path) -> float | None:
+    """Median step of every rank that runs while a save is written in the background over its median step with no
+    save in flight (the first step, warm-up, and steps that hold a save call left out); None without both kinds."""
+    beside, alone = [], []
+    for rank in json.loads((run_dir / "run.json").read_text())["ranks"]:
+        starts = [*rank["step_starts"], rank["loop_seconds"]]
+        saves = [(s["started_at"], s["started_at"] + s["stall_seconds"], s["started_at"] + s["durable_seconds"])
+                 for s in rank["saves"] if s["durable_seconds"] is not None]
+        for a, b in zip(starts[1:-1], starts[2:]):
+            if any(a <= call < b for call, _, _ in saves):
+                continue
+            (beside if any(a < durable and b > resumed for _, resumed, durable in saves) else alone).append(b - a)
+    return statistics.median(beside) / statistics.median(alone) if beside and alone else None
 
 
 def one_round(i: int, args: argparse.Namespace, ckpt: Path, work: Path, env: dict[str, str]) -> Round:
@@ -234,12 +250,14 @@ def ratios(rounds: list[Round]) -> list[dict[str, str]]:
         ("async_process stall / plain stall",
          lambda r: r["save: async_process"]["stall"] / r["save: plain"]["stall"], 0.10, "<="),
         ("commit rate / floor rate", lambda r: floor(r, "save: commit") / s(r, "save: commit"), 0.8, ">="),
+        ("async: step beside a write / alone", lambda r: r["save: async"]["beside"], 1.15, "<="),
+        ("async_process: step beside a write / alone", lambda r: r["save: async_process"]["beside"], 1.15, "<="),
     ]
     if "to-dcp (before)" in rounds[0]:
         wanted += [(f"{k} after / before", lambda r, k=k: s(r, k) / s(r, f"{k} (before)"), None, "") for k in BEFORE]
     rows = []
     for name, f, goal, op in wanted:
-        v = [f(r) for r in rounds]
+        v = [x for x in (f(r) for r in rounds) if x is not None]  # a run too short for a figure has none
         ok = [x <= goal if op == "<=" else x >= goal for x in v] if goal is not None else []
         verdict = "-" if not ok else "met" if all(ok) else "not met" if not any(ok) else "inside the noise"
         rows.append({"ratio": name, "median (min-max)": spread(v), "goal": f"{op} {goal}" if goal else "-",
@@ -259,8 +277,8 @@ def main() -> None:
     parser.add_argument("--model", default="medium")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=4, help="steps of each save-mode launch")
-    parser.add_argument("--save_every", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8, help="steps of each save-mode launch")
+    parser.add_argument("--save_every", type=int, default=4)
     parser.add_argument("--before", help="a tree holding another zckpt_nb: to-dcp, from-dcp and export from it too")
     parser.add_argument("--output_root", default="build/bench/routes")
     parser.add_argument("--json", help="also write every round's figures here")
