@@ -429,7 +429,7 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert "measured / predicted: " in text  # one predicted stall beside a measured save (printed, not a bound)
     assert "✓ every save of the loop committed, one tag per save" in text  # the loop ran on a one-rank engine
     assert "✓ the process group holds the timeout given to init_distributed" in text
-    assert "✓ in every row async loses less exactly when copy / write is above its threshold" in text
+    assert "✓ in every row async loses less exactly when its copy is faster than the write" in text
     if get("WRITE_GBPS") and get("COPY_GBPS"):  # the rates given, not measured: the same figures here as there
         n = get("NODES") * get("GPUS_PER_NODE")
         bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"), get("FILE_MS"))
