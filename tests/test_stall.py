@@ -78,7 +78,7 @@ def test_the_panel_measures_what_is_missing_in_the_background_and_redraws(tmp_pa
     panel = panel_for(tmp_path, sizes=[1], modes=["plain", "commit"], repeats=2)
     started = time.monotonic()
     panel.button.click()  # a background thread: the kernel stays free while ranks train
-    assert time.monotonic() - started < 1 and panel.running
+    assert time.monotonic() - started < 5 and panel.running  # far less than the launch it started (tens of seconds)
     panel.wait(timeout=300)
     assert not panel.running and not panel.button.disabled and panel.stop_button.disabled
     assert panel.status.value == "timings for tiny, N = 1", panel.status.value
