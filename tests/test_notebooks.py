@@ -311,6 +311,8 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     control = {int(m[1]): float(m[2]) for m in printed if m}  # the negative control: other batches, same launch
     assert sorted(control) == wanted
     off = max(abs(control[s] - full[s]) for s in wanted)
+    no_latest = [line for line in log if line.startswith("no latest, rank ")]  # load_checkpoint(dir), no `latest`
+    assert len(no_latest) == ds_world and all(line.endswith("returned (None, None)") for line in no_latest)
     assert off > tolerance and any(line.startswith(f"✓ the negative control fails the same test: the resume on other "
                                                    f"batches (seed 1) is {off:.1e} off") for line in held)
     assert any(line.startswith("✓ every rank's piece cut by hand equals what DeepSpeed's loader gave it")
