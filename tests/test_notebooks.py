@@ -388,7 +388,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
     full, resumed = logged("trainer"), logged("trainer_resumed")
     assert all(full[s] == resumed[s] for s in (steps + 1, steps + 2))  # CPU ranks: bit for bit
-    assert "✓ every resumed loss equals the uninterrupted run's (CPU ranks sum in the same order)" in held
+    assert "✓ every resumed loss equals the uninterrupted run's" in held
 
     def printed(log: str) -> dict:
         found = re.findall(r"rank (\d+): step (\d+) loss (\S+) lr ([\d.e+-]+)", (runs / log).read_text())
@@ -409,7 +409,8 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     one_rng = runs / "accelerate_one_rng"  # accelerate's RNG files of rank 0 only: adopt refuses, writes nothing
     assert [p.name for p in one_rng.glob("random_states_*.pkl")] == ["random_states_0.pkl"]
     assert not (one_rng / "pytorch_model" / "zckpt_manifest.json").exists()
-    assert any(line.startswith("✓ adopt refused it: accelerate's RNG states cover other ranks") for line in held)
+    assert f"✓ adopt refused it, naming random_states_R.pkl there for rank 0 only against {nproc} ranks; no manifest " \
+           "written" in held
     for r in range(nproc):  # the no-backend processes: each its own torch.distributed rank, accelerate's process 0
         assert re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
                          rf"torch.distributed rank {r} of {nproc}", (runs / f"no_backend_{r}.log").read_text())
