@@ -50,6 +50,16 @@ def cli(*args: object) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["python", "-m", "zckpt_nb", *argv], code, out.getvalue(), err.getvalue())
 
 
+def refused(done: subprocess.CompletedProcess, *words: str, code: int | None = None) -> str:
+    """The one line a refused command wrote, after checking its exit (`code`, or any non-zero), that it said one line
+    and no traceback, and that the line names `words`."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code if code is not None else done.returncode != 0, done.stderr
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
 def procs_mentioning(text: str) -> list[psutil.Process]:
     """Live processes whose command line contains `text` (to prove no rank was left behind)."""
     found = []

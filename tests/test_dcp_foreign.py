@@ -9,11 +9,13 @@ import pickle
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import cli
+from conftest import refused as refused_line
 
 from zckpt_nb.format.layout import universal_dir
 from zckpt_nb.format.manifest import read_manifest
@@ -24,10 +26,7 @@ RESUMER = Path(__file__).with_name("foreign_dcp_resume.py")
 STEP = 3
 
 
-def refused(done: subprocess.CompletedProcess, *words: str) -> None:
-    """Exit 1 with one line naming the problem, no traceback."""
-    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "Traceback" not in done.stderr and all(w in done.stderr for w in words), done.stderr
+refused = partial(refused_line, code=1)  # from-dcp's refusals exit 1
 
 
 @pytest.fixture(scope="module")

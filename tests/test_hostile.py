@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import torchrun
+from conftest import cli, refused, torchrun
 
-from zckpt_nb.cli import main
 from zckpt_nb.convert.dcp import to_dcp
 from zckpt_nb.convert.reshard import ensure_universal
 from zckpt_nb.convert.zero_to_fp32 import run_zero_to_fp32
@@ -104,16 +103,6 @@ def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, int
     return found
 
 
-def cli(capsys, *args) -> tuple[int, str]:
-    """`python -m zckpt_nb ARGS` run in this process (an uncaught exception fails the test): exit code, stderr."""
-    code = main([str(a) for a in args])
-    return code, capsys.readouterr().err
-
-
-def refused(code: int, err: str, *words: str) -> None:
-    """A refusal: non-zero exit, one line, no traceback, naming `words`."""
-    assert code != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert all(word in err for word in words), err
 
 
 def readers(work: Path) -> dict[str, tuple[str, ...]]:
@@ -129,17 +118,17 @@ def readers(work: Path) -> dict[str, tuple[str, ...]]:
                                   "zero_pp_rank_0_mp_rank_01_model_states.pt",
                                   "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
                                   "sub/zero_pp_rank_0_x_model_states.pt"])
-def test_an_unlisted_payload_beside_a_genuine_manifest_is_refused_by_every_reader(work, marker, capsys, name):
+def test_an_unlisted_payload_beside_a_genuine_manifest_is_refused_by_every_reader(work, marker, name):
     plant(work / "ckpt" / TAG / name, marker)
     before = snapshot(work)
     for args in readers(work).values():
-        refused(*cli(capsys, *args), "is not listed in")
+        refused(cli(*args), "is not listed in")
     with pytest.raises(CheckpointError, match="is not listed in"):
         run_zero_to_fp32(work / "ckpt", work / "fp32")  # DeepSpeed's own script, as a user runs it
     assert snapshot(work) == before and not marker.exists()
 
 
-def test_an_unlisted_payload_in_the_universal_copy_is_never_loaded(work, marker, capsys):
+def test_an_unlisted_payload_in_the_universal_copy_is_never_loaded(work, marker):
     """The copy DeepSpeed's universal load opens by fixed names: one entry dropped from its manifest and the file
     replaced is an unlisted file; verify refuses it, and a resume converts again instead of loading it."""
     copy = work / "ckpt" / UNIVERSAL / TAG
@@ -147,7 +136,7 @@ def test_an_unlisted_payload_in_the_universal_copy_is_never_loaded(work, marker,
     manifest["files"] = [e for e in manifest["files"] if e["path"] != "zero/optimizer_state.pt"]
     (copy / MANIFEST).write_text(json.dumps(manifest))
     plant(copy / "zero" / "optimizer_state.pt", marker)
-    refused(*cli(capsys, "verify", work / "ckpt" / UNIVERSAL, "--tag", TAG), "optimizer_state.pt is not listed")
+    refused(cli("verify", work / "ckpt" / UNIVERSAL, "--tag", TAG), "optimizer_state.pt is not listed")
     manifest, reused = ensure_universal(work / "ckpt", TAG)  # what train --resume on another world size calls
     assert not reused and "zero/optimizer_state.pt" in {e.path for e in manifest.files}
     assert not marker.exists()
@@ -157,17 +146,17 @@ def test_an_unlisted_payload_in_the_universal_copy_is_never_loaded(work, marker,
 
 @pytest.mark.parametrize("victim", ["zero_pp_rank_0_mp_rank_00_model_states.pt",
                                     "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
-def test_a_payload_under_a_forged_manifest_is_refused_by_every_reader(work, marker, capsys, victim):
+def test_a_payload_under_a_forged_manifest_is_refused_by_every_reader(work, marker, victim):
     plant(work / "ckpt" / TAG / victim, marker)
     forge(work / "ckpt" / TAG)
     shutil.rmtree(work / "ckpt" / UNIVERSAL)  # else to-dcp and reshard would read the intact copy
     before = snapshot(work)
     for name, args in readers(work).items():
-        code, err = cli(capsys, *args)
+        done = cli(*args)
         if name == "verify":  # sizes and hashes match the forged manifest: nothing is unpickled
-            assert code == 0, err
+            assert done.returncode == 0, done.stderr
         else:
-            refused(code, err, "outside the allowlist", victim)
+            refused(done, "outside the allowlist", victim)
     with pytest.raises(CheckpointError, match="outside the allowlist"):
         run_zero_to_fp32(work / "ckpt", work / "fp32")
     assert snapshot(work) == before and not marker.exists()
@@ -235,11 +224,11 @@ def payload_byte_item(folder: Path, marker: Path) -> None:
 
 @pytest.mark.parametrize("tamper", [payload_metadata, metadata_leading_out, metadata_too_large_a_tensor,
                                     payload_byte_item])
-def test_from_dcp_reads_a_forged_dcp_checkpoint_without_running_it(work, marker, capsys, tamper):
+def test_from_dcp_reads_a_forged_dcp_checkpoint_without_running_it(work, marker, tamper):
     tamper(work / "dcp", marker)
     before = snapshot(work)
-    code, err = cli(capsys, "from-dcp", work / "dcp", work / "back", "--config", "tiny")
-    refused(code, err, "refusing" if tamper is not payload_byte_item else "outside the allowlist")
+    done = cli("from-dcp", work / "dcp", work / "back", "--config", "tiny")
+    refused(done, "refusing" if tamper is not payload_byte_item else "outside the allowlist")
     assert snapshot(work) == before and not marker.exists()
 
 
@@ -256,7 +245,7 @@ def test_the_fsdp2_worker_refuses_forged_dcp_metadata_before_loading(work, marke
 
 # --- 3. touch nothing it does not own ---
 
-def test_export_overwrite_replaces_only_its_own_export(work, capsys):
+def test_export_overwrite_replaces_only_its_own_export(work):
     ckpt, run = work / "ckpt", work / "run"
     shutil.copytree(ckpt, run)  # a training run: tags, tokenizer, run.json
     old = work / "old_export"  # an export of another tool (or of zckpt_nb before it kept a record)
@@ -270,17 +259,17 @@ def test_export_overwrite_replaces_only_its_own_export(work, capsys):
     before = snapshot(work)
     for out, words in ((run, ("global_step4", "did not write")), (old, ("config.json", "did not write")),
                        (work / "link", ("symbolic link",)), (ckpt, ("contains the checkpoint",))):
-        refused(*cli(capsys, "export", ckpt, out, "--overwrite"), *words)
+        refused(cli("export", ckpt, out, "--overwrite"), *words)
     assert snapshot(work) == before
-    assert cli(capsys, "export", ckpt, work / "hf")[0] == 0
+    assert cli("export", ckpt, work / "hf").returncode == 0
     (work / "hf" / "notes.txt").write_text("mine")
-    refused(*cli(capsys, "export", ckpt, work / "hf", "--overwrite"), "notes.txt", "did not write")
+    refused(cli("export", ckpt, work / "hf", "--overwrite"), "notes.txt", "did not write")
     (work / "hf" / "notes.txt").unlink()
-    assert cli(capsys, "export", ckpt, work / "hf", "--overwrite")[0] == 0
+    assert cli("export", ckpt, work / "hf", "--overwrite").returncode == 0
     assert not [p for p in work.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
-def test_to_dcp_and_from_dcp_write_only_their_output(work, capsys):
+def test_to_dcp_and_from_dcp_write_only_their_output(work):
     mine = work / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
@@ -292,14 +281,14 @@ def test_to_dcp_and_from_dcp_write_only_their_output(work, capsys):
                         (("to-dcp", work / "ckpt", work / "link"), ("symbolic link",)),
                         (("from-dcp", work / "dcp", mine, "--config", "tiny"), ("not empty",)),
                         (("from-dcp", work / "dcp", work / "link", "--config", "tiny"), ("symbolic link",))):
-        refused(*cli(capsys, *args), *words)
-    assert cli(capsys, "to-dcp", work / "ckpt", work / "out")[0] == 0
+        refused(cli(*args), *words)
+    assert cli("to-dcp", work / "ckpt", work / "out").returncode == 0
     assert snapshot(work, skip=("out",)) == before
     assert not [p for p in work.iterdir() if p.name.startswith(".")]
 
 
 @pytest.mark.parametrize("latest", ["absolute", "../victim", "victim"])
-def test_adopt_never_follows_latest_out_of_the_checkpoint(work, capsys, latest):
+def test_adopt_never_follows_latest_out_of_the_checkpoint(work, latest):
     victim = work / "victim"
     shutil.copytree(work / "ckpt" / TAG, victim, ignore=shutil.ignore_patterns(MANIFEST))
     ckpt = work / "raw"
@@ -309,7 +298,7 @@ def test_adopt_never_follows_latest_out_of_the_checkpoint(work, capsys, latest):
         (ckpt / TAG).symlink_to(victim)
     (ckpt / "latest").write_text(str(victim) if latest == "absolute" else latest if latest != "victim" else TAG)
     before = snapshot(work)
-    refused(*cli(capsys, "adopt", ckpt), "is not a tag folder inside")
+    refused(cli("adopt", ckpt), "is not a tag folder inside")
     assert snapshot(work) == before and not (victim / MANIFEST).exists()
 
 
@@ -326,7 +315,7 @@ def test_a_save_into_a_linked_tag_folder_deletes_nothing_it_points_to(work):
     assert (victim / "precious.txt").read_text() == "keep"
 
 
-def test_reshard_and_collect_write_only_their_own_folders(work, capsys):
+def test_reshard_and_collect_write_only_their_own_folders(work):
     ckpt = work / "ckpt"
     shutil.rmtree(ckpt / UNIVERSAL)
     elsewhere = work / "elsewhere"
@@ -334,9 +323,9 @@ def test_reshard_and_collect_write_only_their_own_folders(work, capsys):
     (ckpt / UNIVERSAL).symlink_to(elsewhere)
     (work / "file").write_text("a file")
     before = snapshot(work)
-    refused(*cli(capsys, "reshard", ckpt), "symbolic link")
-    refused(*cli(capsys, "collect", ckpt, work / "file"), "is a file")
-    refused(*cli(capsys, "collect", ckpt, work / "dcp"), "not empty")
+    refused(cli("reshard", ckpt), "symbolic link")
+    refused(cli("collect", ckpt, work / "file"), "is a file")
+    refused(cli("collect", ckpt, work / "dcp"), "not empty")
     assert snapshot(work) == before and not any(elsewhere.iterdir())
 
 
@@ -359,12 +348,12 @@ def repeated_entries(tag_dir: Path) -> None:
     (lambda ckpt: repeated_entries(ckpt / TAG), ("twice",)),
     (lambda ckpt: sparse(ckpt / "latest", 1 << 30), ("is not a folder name",)),
 ], ids=["manifest-of-1-GiB", "20000-entries", "latest-of-1-GiB"])
-def test_oversized_manifests_and_latest_are_refused_unread(work, capsys, tamper, words):
+def test_oversized_manifests_and_latest_are_refused_unread(work, tamper, words):
     tamper(work / "ckpt")
     before = snapshot(work)
     for name, args in readers(work).items():  # a bad 'latest': the others take the newest committed tag instead
         if name in ("verify", "inspect") or "latest" not in tamper.__code__.co_consts:
-            refused(*cli(capsys, *args), *(words if name in ("verify", "inspect", "export") else ()))
+            refused(cli(*args), *(words if name in ("verify", "inspect", "export") else ()))
     assert snapshot(work) == before
 
 
@@ -372,11 +361,11 @@ def test_oversized_manifests_and_latest_are_refused_unread(work, capsys, tamper,
     ({"n_layer": 10**6}, ("1,000,000 layers",)), ({"vocab_size": 10**12}, ("1,000,000,000,000 x",)),
     ({"n_embd": 128, "n_head": 4}, ("the shape (1024, 128)",)), ({"tie_word_embeddings": False}, ("lm_head",)),
 ])
-def test_an_export_config_is_checked_against_the_weights_before_anything_is_written(work, capsys, change, words):
+def test_an_export_config_is_checked_against_the_weights_before_anything_is_written(work, change, words):
     config = json.loads((work / "ckpt" / "config.json").read_text()) | change
     (work / "config.json").write_text(json.dumps(config))
     before = snapshot(work)
-    refused(*cli(capsys, "export", work / "ckpt", work / "hf", "--config", work / "config.json"), *words)
+    refused(cli("export", work / "ckpt", work / "hf", "--config", work / "config.json"), *words)
     assert snapshot(work) == before
 
 
@@ -394,23 +383,23 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=True)
 
 
-def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(work, capsys):
+def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(work):
     with tmpfs(work / "disk", "1m") as disk:
         for args in (("export", work / "ckpt", disk / "hf"), ("to-dcp", work / "ckpt", disk / "dcp"),
                      ("from-dcp", work / "dcp", disk / "back", "--config", "tiny")):
-            refused(*cli(capsys, *args), "No space left on device (ENOSPC) on", "free space")
+            refused(cli(*args), "No space left on device (ENOSPC) on", "free space")
             assert not any(disk.iterdir()), list(disk.iterdir())
 
 
-def test_a_read_only_disk_is_one_line_and_reading_still_works(work, capsys):
+def test_a_read_only_disk_is_one_line_and_reading_still_works(work):
     with tmpfs(work / "disk", "32m") as disk:
         shutil.copytree(work / "ckpt", disk / "ckpt", ignore=shutil.ignore_patterns(UNIVERSAL))
         shutil.copytree(work / "ckpt", disk / "raw", ignore=shutil.ignore_patterns(UNIVERSAL, MANIFEST))
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-        assert cli(capsys, "verify", disk / "ckpt")[0] == 0 and cli(capsys, "adopt", disk / "ckpt")[0] == 0
-        refused(*cli(capsys, "reshard", disk / "ckpt"), "Read-only file system (EROFS) on", "writable")
-        refused(*cli(capsys, "adopt", disk / "raw"), "Read-only file system (EROFS) on", "writable")
-        refused(*cli(capsys, "export", work / "ckpt", disk / "hf"), "cannot be written")
+        assert cli("verify", disk / "ckpt").returncode == 0 and cli("adopt", disk / "ckpt").returncode == 0
+        refused(cli("reshard", disk / "ckpt"), "Read-only file system (EROFS) on", "writable")
+        refused(cli("adopt", disk / "raw"), "Read-only file system (EROFS) on", "writable")
+        refused(cli("export", work / "ckpt", disk / "hf"), "cannot be written")
         assert not (disk / "ckpt" / UNIVERSAL).exists() and not (disk / "raw" / TAG / MANIFEST).exists()
 
 
@@ -422,7 +411,7 @@ def test_permission_denied_is_one_line_naming_the_file(work):
     done = subprocess.run(["setpriv", "--inh-caps=-dac_override,-dac_read_search",
                            "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m", "zckpt_nb",
                            "verify", work / "ckpt"], capture_output=True, text=True, timeout=120)
-    refused(done.returncode, done.stderr, f"Permission denied (EACCES) on {victim}", "permissions")
+    refused(done, f"Permission denied (EACCES) on {victim}", "permissions")
 
 
 RESUME = """import sys

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import pytest
 import torch
-from conftest import cli
+from conftest import cli, refused
 from safetensors.torch import load_file
 
 from zckpt_nb.convert.streaming import check_shapes
@@ -22,12 +21,6 @@ LOOP = "zckpt_nb.examples.own_loop"
 PREFIX = "base_model.model."
 
 
-def refused(done: subprocess.CompletedProcess, *words: str) -> str:
-    """The one line a refused command wrote, after checking it names `words` and nothing else was said."""
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode != 0 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert all(w in lines[0] for w in words), lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
