@@ -44,6 +44,7 @@ from zckpt_nb.convert.verify import newest_committed
 from zckpt_nb.course.trace import trace_command
 from zckpt_nb.format.layout import universal_dir
 from zckpt_nb.format.manifest import read_manifest
+from zckpt_nb.format.records import RunRecord
 from zckpt_nb.run.launch import launch
 
 MODES = ("plain", "commit", "async", "async_process")
@@ -157,10 +158,10 @@ def step_beside_write(run_dir: Path) -> float | None:
     """Median step of every rank that runs while a save is written in the background over its median step with no
     save in flight (the first step, warm-up, and steps that hold a save call left out); None without both kinds."""
     beside, alone = [], []
-    for rank in json.loads((run_dir / "run.json").read_text())["ranks"]:
-        starts = [*rank["step_starts"], rank["loop_seconds"]]
-        saves = [(s["started_at"], s["started_at"] + s["stall_seconds"], s["started_at"] + s["durable_seconds"])
-                 for s in rank["saves"] if s["durable_seconds"] is not None]
+    for rank in RunRecord.read(run_dir).ranks:
+        starts = [*rank.step_starts, rank.loop_seconds]
+        saves = [(s.started_at, s.started_at + s.stall_seconds, s.started_at + s.durable_seconds)
+                 for s in rank.saves if s.durable_seconds is not None]
         for a, b in zip(starts[1:-1], starts[2:]):
             if any(a <= call < b for call, _, _ in saves):
                 continue
