@@ -137,8 +137,9 @@ def read_lines(proc: subprocess.Popen, deadline: float, stop: threading.Event | 
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.put(line.rstrip("\n"))
+        with proc.stdout:  # type: ignore[union-attr]  # closed at the end of the output, which every exit path reaches
+            for line in proc.stdout:  # type: ignore[union-attr]
+                lines.put(line.rstrip("\n"))
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
