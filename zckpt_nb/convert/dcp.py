@@ -45,30 +45,23 @@ from zckpt_nb.measure import meters
 from zckpt_nb.model import model_config, on_meta
 
 RANK_FILES, UNIVERSAL_COPY = "rank files", "universal copy"  # to-dcp's two routes (the manifest's conversion.route)
-
-
 M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD = -3, 128 << 10  # glibc's malloc.h; its default, mallopt(3)
-
-
-def set_mmap_threshold(nbytes: int) -> None:
-    """glibc's mallopt(M_MMAP_THRESHOLD, nbytes): blocks of `nbytes` or more are mmapped, and unmapped when freed."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c")).mallopt(M_MMAP_THRESHOLD, nbytes)
-    except (OSError, AttributeError, TypeError):
-        pass  # not glibc: its allocator has no such threshold to fix
 
 
 @contextmanager
 def large_frees_returned() -> Iterator[None]:
     """Within: glibc returns freed blocks of 1 MiB or more to the kernel at once; after: its default, 128 KiB."""
-    set_mmap_threshold(1 << 20)
+    import ctypes
+    import ctypes.util
+
+    mallopt = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt", None)  # none: not glibc, no threshold
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, 1 << 20)
     try:
         yield
     finally:
-        set_mmap_threshold(DEFAULT_MMAP_THRESHOLD)
+        if mallopt is not None:
+            mallopt(M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD)
 
 
 def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]:

@@ -1,13 +1,8 @@
 """The manifest (`zckpt_manifest.json`): what makes a folder a committed checkpoint: its record, checks and commit.
 
-A folder counts as *committed* only once its manifest is there, written last by `commit`: every file it holds with
-its size and SHA-256 (and, in a save, the rank and node that wrote it), the step, and what kind of folder it is: a
-tag of a save (the world size, the model's identity, and under `shared` the tokenizer and `config.json` beside the
-tags), a universal copy, a DCP checkpoint, or an export. With node-local storage each node's folder holds its own
-ranks' files and a manifest listing the whole checkpoint: `node` names the folder's node, each file its holder's.
-DeepSpeed keeps no such record (its `latest` only names a folder), so this is written by hand, as DCP's
-`metadata.py` and `FileSystemWriter.finish` are; it needs no torch. What the checks of a whole folder add (every
-file present and hashed, nothing unlisted) is `convert.verify`.
+Written last by `commit`, it lists every file with its size and SHA-256 (in a save, the rank and node that wrote it),
+the step and the folder's kind: a save's tag, a universal copy, a DCP checkpoint or an export (docs/checkpoints.md).
+DeepSpeed keeps no such record, so it is written by hand, as DCP's `FileSystemWriter.finish` writes `.metadata`.
 """
 
 from __future__ import annotations

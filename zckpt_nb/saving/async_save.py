@@ -1,14 +1,9 @@
 """Asynchronous saves (`SaveMode.ASYNC`): training waits for a host copy of each rank's files, not for the disk.
 
-`AsyncSaver.save` runs the commit protocol's preflight, then DeepSpeed's `save_checkpoint`, whose files the package's
-checkpoint engine copies into host memory (`saving.snapshot`); training resumes then. A background thread writes each
-copy as a committed save writes a file, then runs the agreement and commit (`commit.agree_and_commit`) and rotation on
-a gloo process group of its own, as DCP's `async_save` does. At most one save is in flight (`finish` waits for it);
-until its commit `latest` names the previous checkpoint. docs/commit_protocol.md has the whole story.
-
-With a `ProcessWriter` (`SaveMode.ASYNC_PROCESS`) the copies go to shared memory and a writer process writes them,
-as DCP's process-based `async_save` does: the serialising, hashing and writing leave the training process (and its
-GIL); the thread only waits for the process, then agrees and commits.
+A background thread writes the copies as a committed save writes its files, then agrees, commits and rotates on a
+gloo group of its own, as DCP's `async_save` does; at most one save is in flight. With a `ProcessWriter`
+(`SaveMode.ASYNC_PROCESS`) a writer process writes them and the thread only agrees and commits
+(docs/commit_protocol.md).
 """
 
 from __future__ import annotations

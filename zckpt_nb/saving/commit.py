@@ -1,14 +1,9 @@
 """The commit protocol: a checkpoint counts only once every rank's files are on disk and every rank agrees.
 
-DeepSpeed's `save_checkpoint` writes `latest` before its final barrier and never fsyncs. Here every rank runs:
-1. preflight: the folder's writer prepares the folder; every rank bounds its files' bytes; one `all_gather_object`
-   of problems and free space, so no rank enters DeepSpeed's save unless every rank can;
-2. `save_checkpoint(..., save_latest=False)`, each file hashed and fsynced by the package's checkpoint engine, which
-   keeps a write error instead of raising it;
-3. agreement: one `all_gather_object` of every rank's files (size, SHA-256) and error;
-4. commit by the folder's writer: the manifest, then `latest`, each by temporary file, fsync, rename;
-5. one `all_gather_object` of the committers' errors: every rank returns the same `SaveOutcome`.
-docs/commit_protocol.md tells the whole story and its fault tests.
+Every rank: an agreed preflight (bytes bounded, free space, no rank enters DeepSpeed's save unless all can), then
+`save_checkpoint(..., save_latest=False)` through the package's checkpoint engine (hashed, fsynced, errors kept), an
+agreement on every rank's files, the commit by the folder's writer (the manifest, then `latest`, each atomically) and
+one gather of its errors, so every rank returns the same `SaveOutcome`. docs/commit_protocol.md tells the whole story.
 """
 
 from __future__ import annotations

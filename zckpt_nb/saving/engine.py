@@ -1,12 +1,8 @@
 """The package's DeepSpeed checkpoint engine: one `CheckpointEngine` subclass, given to a DeepSpeed engine once.
 
-DeepSpeed hands every file of a save to its checkpoint engine's `save(state_dict, path)` and reads every file through
-its `load` (`deepspeed/runtime/checkpoint_engine/`). `ZckptEngine` wraps the one DeepSpeed built from its config and
-- saves each file as the save in progress asks (`capture`): hashed and fsynced now (`HASHED`) or copied to host
-  memory for a later write (`SNAPSHOT`); with no save in progress, DeepSpeed's own way. A write error is kept, not
-  raised: a rank raising inside DeepSpeed's save would leave the others waiting in its barriers;
-- loads every file weights-only (`convert.safeload`): nothing in a checkpoint runs code;
-- times `commit` and `cleanup`, where DeepSpeed's decoupled writer makes a later step wait.
+`ZckptEngine` wraps the engine DeepSpeed built from its config: it saves each file as the save in progress asks
+(hashed and fsynced now, or copied to host memory for a later write; a write error kept, not raised, so no rank
+leaves the others in DeepSpeed's barriers), loads every file weights-only, and times DeepSpeed's `commit` and `cleanup`.
 """
 
 from __future__ import annotations

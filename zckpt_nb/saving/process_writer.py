@@ -1,14 +1,8 @@
 """The writer process of `SaveMode.ASYNC_PROCESS`: a long-lived process per rank that makes staged files durable.
 
-The training process copies each file's state into shared host memory (`saving.snapshot.host_copy` with staging
-buffers reused from one save to the next) and hands it to this process through a `torch.multiprocessing` queue (the
-tensors travel as handles to that memory, not as bytes). The process serialises each file as DeepSpeed's torch
-engine does (`torch.save`) into the hashing writer (`format.writer.DirectFile`: SHA-256, fsync) and answers with
-every file's hash or the first error. The agreement and the commit stay in the training process
-(`saving.async_save`), so the process holds no collective.
-
-It dies with its rank (`PR_SET_PDEATHSIG`, and it leaves once its parent is gone); a writer that dies while writing
-is one error line, and the save is not committed.
+The rank hands each file's state, copied into shared host memory, through a `torch.multiprocessing` queue; the
+process `torch.save`s it into the hashing writer (`format.writer`) and answers with the hashes or the first error.
+It holds no collective and dies with its rank (docs/commit_protocol.md).
 """
 
 from __future__ import annotations
