@@ -37,7 +37,7 @@ MATRIX = [
     ("03", {"NPROC": 3, "FREEZE": "embeddings"}),
     ("04", {"NPROC": 3, "MODEL": "tiny", "DTYPE": "fp32", "PERSISTENCE_THRESHOLD": 100_000,
             "MAX_SHARD_SIZE": "1MB"}),
-    ("05", {"NPROC": 1, "KEEP_LAST": 1, "DTYPE": "bf16"}),
+    ("05", {"KEEP_LAST": 1, "DTYPE": "bf16", "SAVE_EVERY": 3, "STEPS": 12}),  # NPROC = 1 is refused
     ("06", {"NPROC": 3, "PERSISTENCE_THRESHOLD": 100_000, "DTYPE": "bf16", "SAVE_MODES": ["plain", "async"],
             "REPEATS": 4}),
     ("07", {"SOURCE_NPROC": 3, "TARGET_NPROCS": [2], "STEPS": 10, "RESUME_STEP": 5, "GLOBAL_BATCH": 7, "NODES": 3,
@@ -198,7 +198,7 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     through a full disk; the files agree."""
     get = {**parameter_defaults(BY_PREFIX["05"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == (32 if get["NPROC"] > 1 else 25), held
+    assert len(held) == 34, held
     mine = json.loads((runs / "first_job" / "mine" / "global_step1" / "manifest.json").read_text())["files"]
     package = read_manifest(runs / "first_job" / "package" / "global_step1").files
     assert sorted((f["path"], f["rank"]) for f in mine) == sorted((f.path, f.rank) for f in package)
@@ -206,8 +206,13 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert (runs / "first_job" / "mine" / "latest").read_text() == "global_step1"  # global_step2 failed on one rank
     assert not (runs / "first_job" / "mine" / "global_step2" / "manifest.json").exists()
     assert (runs / "commit" / "latest").read_text().strip() == tag_for(get["SAVE_EVERY"])  # the save before the crash
-    if get["NPROC"] > 1:  # DeepSpeed's load_checkpoint followed `latest`: the killed rank's file was missing
-        assert f"rank {get['NPROC'] - 1} failed: FileNotFoundError" in (runs / "load_latest.log").read_text()
+    # DeepSpeed's load_checkpoint followed `latest`: the killed rank's file was missing
+    assert f"rank {get['NPROC'] - 1} failed: FileNotFoundError" in (runs / "load_latest.log").read_text()
+    assert committed_tags(runs / "first_job" / "loop") == [f"global_step{s}" for s in range(2, 6)][-get["KEEP_LAST"]:]
+    for killed, tags in (("manifest", ["global_step1"]), ("latest", ["global_step1", "global_step3"])):
+        folder = runs / f"mine_killed_before_{killed}"  # the hand-written commit, killed -9 in its step 3
+        assert (folder / "latest").read_text() == "global_step1"
+        assert sorted(p.parent.name for p in folder.glob("*/manifest.json")) == tags
     kept = committed_tags(runs / "resumed")  # the resumed run's save at 2 x SAVE_EVERY failed on the full disk
     assert len(kept) == min(get["KEEP_LAST"], get["STEPS"] // get["SAVE_EVERY"] - 1)
     assert kept[-1] == tag_for(get["STEPS"])
