@@ -434,7 +434,7 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     text, get = stream_text(nb), {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
     assert text.count("✓") >= len(get("CONFIGS")) + 3
     assert "✓ bytes over rates by hand give plan's write, read and network seconds" in text
-    assert "measured / predicted: " in text  # one predicted stall beside a measured save (printed, not a bound)
+    assert "measured / predicted, at the medians: " in text  # predicted stalls beside REPEATS saves (no bound)
     assert "✓ every save of the loop committed, one tag per save" in text  # the loop ran on a one-rank engine
     assert "✓ the process group holds the timeout given to init_distributed" in text
     assert "✓ in every row async loses less exactly when its copy is faster than the write" in text
