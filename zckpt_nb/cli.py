@@ -46,7 +46,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     )
     from zckpt_nb.convert.verify import read_kind
 
-
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout on import; keep the output clean
             if args.tag and read_kind(Path(args.ckpt_dir) / args.tag) == "universal":

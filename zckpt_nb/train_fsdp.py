@@ -89,13 +89,6 @@ def state_of(worker: FsdpWorker) -> dict[str, Any]:
                             "world_size": worker.world, "steps": worker.horizon}}
 
 
-def saved_train_state(folder: Path) -> dict[str, Any]:
-    """A DCP checkpoint's train state (step, seed, global batch, world size, horizon), read without a model."""
-
-    state = {"train_state": {"step": 0, "seed": 0, "global_batch": 0, "world_size": 0, "steps": 0}}
-    return read_dcp(folder, state)["train_state"]
-
-
 def resume(worker: FsdpWorker, folder: Path) -> None:
     """Load a DCP checkpoint into the sharded model, AdamW and the scheduler (any world size)."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -177,13 +170,14 @@ def train(opts: TrainOptions) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     folder = Path(opts.output_dir) / newest_dcp(opts.output_dir) if opts.resume else None
-    if folder:  # every file's size and SHA-256, nothing unlisted, before anything is read
+    saved = None
+    if folder:  # every file's size and SHA-256, nothing unlisted, before anything is read; then its train state
         verify_folder(folder, DCP_KIND)
-    saved = saved_train_state(folder) if folder else None
-    if saved:  # the checkpoint's batch and LR horizon, as the ZeRO-3 worker keeps them
-        opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": saved["global_batch"]})
-    opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": opts.global_batch or
-                                 get_preset(opts.model).global_batch})
+        keys = ("step", "seed", "global_batch", "world_size", "steps")
+        saved = read_dcp(folder, {"train_state": dict.fromkeys(keys, 0)})["train_state"]
+    # the checkpoint's batch and LR horizon, as the ZeRO-3 worker keeps them
+    batch = (saved["global_batch"] if saved else opts.global_batch) or get_preset(opts.model).global_batch
+    opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": batch})
     worker = build(opts, rank, world, saved["steps"] if saved else opts.steps)
     if folder:
         resume(worker, folder)

@@ -50,13 +50,10 @@ def lazy_state_dict(ckpt_dir: Path, tag: str) -> dict[str, Any]:
 
 def stored_names(lazy: dict[str, Any]) -> dict[str, Any]:
     """The tensors to write, each once, in order: a tied weight under its first name, as transformers does."""
-    seen: set[int] = set()
-    kept = {}
+    first: dict[int, str] = {}
     for name, t in lazy.items():
-        if id(t) not in seen:
-            seen.add(id(t))
-            kept[name] = t
-    return kept
+        first.setdefault(id(t), name)
+    return {name: lazy[name] for name in first.values()}
 
 
 def check_shapes(config: Any, tensors: dict[str, Any], build: bool) -> None:

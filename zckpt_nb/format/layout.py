@@ -16,13 +16,8 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "zckpt_manifest.json"
-
-
 RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(model|optim)_states\.pt$")
-
-
 _STEP = re.compile(r"(\d+)$")
-
 
 # Beside the tags, written once (atomically) by the first save; resume and export read them. DeepSpeed's
 # zero_to_fp32.py and zero_to_torch.py are not listed: DeepSpeed rewrites them in place on every save, so a later
@@ -30,8 +25,6 @@ _STEP = re.compile(r"(\d+)$")
 # with DeepSpeed's own file instead).
 ADAPTER_CONFIG = "adapter_config.json"  # peft's config of a LoRA run (`LoraConfig.save_pretrained` writes it)
 SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", ADAPTER_CONFIG)
-
-
 ARCHITECTURE = ("model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # config.json's shape
 
 
@@ -90,12 +83,8 @@ def universal_dir(ckpt_dir: str | Path, tag: str) -> Path:
 
 
 WEIGHTS = "pytorch_model.bin"  # the file name routes 1-3 write, as DeepSpeed and transformers name it
-
 DCP_KIND = "dcp"  # the manifest kind of a PyTorch DCP checkpoint converted from ZeRO-3 (convert.dcp)
-
 EXPORT_KIND = "export"  # the manifest kind of a Hugging Face folder written by `export`
-
-
 REFERENCE = "reference"  # folder of the independent reference the tests and notebooks compare against
 
 

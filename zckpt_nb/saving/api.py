@@ -68,14 +68,6 @@ def pending_micro_batches(engine: Any) -> int:
     return engine.micro_steps % engine.gradient_accumulation_steps() if managed else 0
 
 
-def save_plain(engine: Any, save_dir: Path, tag: str, step: int, state: dict[str, Any]) -> SaveOutcome:
-    """DeepSpeed's save alone (its own engine's files): no fsync, no hash, no manifest; rank 0 moves `latest`."""
-    start = time.perf_counter()
-    engine.save_checkpoint(str(save_dir), tag=tag, client_state=state)
-    seconds = time.perf_counter() - start
-    return SaveOutcome(tag, step, True, seconds=seconds, timings={"write": seconds})
-
-
 class Checkpointer:
     """Every save mode behind one call; build one and call `save` on every rank at the same steps."""
 
@@ -108,15 +100,17 @@ class Checkpointer:
 
     def saved(self, step: int, tag: str, state: dict[str, Any]) -> SaveOutcome:
         """The save itself, in this checkpointer's mode."""
+        start = time.perf_counter()
         if self.mode in ROUTE_SAVES:
-            start = time.perf_counter()
             ROUTE_SAVES[self.mode](self.engine, self.output_dir)
             return SaveOutcome(self.mode, step, True, seconds=time.perf_counter() - start)
         if self.saver:
             self.saver.finish()  # at most one in flight (the worker has already waited, and reported it)
             return self.saver.save(tag, state, step, self.preparation(tag))
-        if self.mode != SaveMode.COMMIT:
-            return save_plain(self.engine, self.output_dir, tag, step, state)
+        if self.mode != SaveMode.COMMIT:  # DeepSpeed's save alone: no fsync, no hash, no manifest; rank 0 moves latest
+            self.engine.save_checkpoint(str(self.output_dir), tag=tag, client_state=state)
+            seconds = time.perf_counter() - start
+            return SaveOutcome(tag, step, True, seconds=seconds, timings={"write": seconds})
         outcome = save_committed(self.engine, self.output_dir, tag, state, step=step, identity=self.identity,
                                  prepare=self.preparation(tag))
         if outcome.committed and self.keep_last:  # the same on every rank, so every rank joins rotation's gather
