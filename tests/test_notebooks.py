@@ -289,11 +289,14 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert any(line.startswith(f"✓ DeepSpeed's loader {'refused' if refuse else 'loaded'} the checkpoint as saved")
                for line in held)
 
-    ours = read_manifest(runs / "uninterrupted" / "universal" / tag)
     ds_copy = runs / "ds_universal" / tag
-    assert all(sha256_file(ds_copy / e.path) == e.sha256 for e in ours.files)
-    assert len(ours.files) == sum(p.is_file() for p in ds_copy.rglob("*"))
-    assert any(line.startswith("✓ every file the package lists has DeepSpeed's bytes") for line in held)
+    for n in get("TARGET_NPROCS"):  # train --resume converted by itself on another world size: DeepSpeed's bytes
+        if n != source:
+            ours = read_manifest(runs / f"resumed_on_{n}" / "universal" / tag)
+            assert all(sha256_file(ds_copy / e.path) == e.sha256 for e in ours.files)
+            assert len(ours.files) == sum(p.is_file() for p in ds_copy.rglob("*"))
+            assert any(line.startswith(f"✓ N = {n}: every file of the package's copy has DeepSpeed's bytes")
+                       for line in held)
 
     full = {s + 1: loss for s, loss in zip(base.steps, base.losses)}  # the notebook's numbering: from 1
     wanted = list(range(get("RESUME_STEP") + 1, get("STEPS") + 1))
@@ -302,6 +305,7 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         run = RunResult.from_dir(runs / f"resumed_on_{n}", [], 0.0)
         assert run.world_size == n and run.global_batch == base.global_batch
         assert run.ds_config["checkpoint"]["load_universal"] == (n != source)
+        assert (run.resharded is not None and not run.resharded["reused"]) == (n != source)  # converted, not reused
         resumed[n] = {s + 1: loss for s, loss in zip(run.steps, run.losses)}
     printed = (re.search(r"^step (\d+) loss (\S+)$", line)
                for line in (runs / "resume_deepspeed.log").read_text().splitlines())
