@@ -100,7 +100,13 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         memory = [json.loads((folder / f"rank{r}.json").read_text())["memory"] for r in range(n)]  # engine's bytes
         per_element = 16 if lesson_dtype(get["DTYPE"]) == "bf16" else 20  # weights, grads, fp32 master, 2 moments
         assert all(sum(m[k]["bytes"] for k in m) == per_element * predict("tiny", n).slice_numel for m in memory)
-    assert [line.split(":")[0] for line in held if "fp32 master are Σ⌈k/N⌉" in line] == [f"✓ N = {n}" for n in sizes]
+    parts = ", ".join(f"N = {n}: {predict('tiny', n).slice_numel:,}" for n in sizes)  # one check, every world size
+    assert sum(line.startswith("✓ weights, gradients and fp32 master are Σ⌈k/N⌉") and line.endswith(f"({parts})")
+               for line in held) == 1
+    for n in sizes:  # the save's peak RSS rise: measured around save_checkpoint on every rank (a figure, not a bound)
+        folder = runs / f"n{n}" / f"threshold_{get['PERSISTENCE_THRESHOLD']}"
+        rss = [json.loads((folder / f"rank{r}.json").read_text())["rss"] for r in range(n)]
+        assert all(r["before"] > 0 and isinstance(r["peak rise"], int) for r in rss)  # either sign: batched counters
     assert any("same tensor bytes at both thresholds" in line for line in held)
     assert any("both fixes and safeload.load read the same fp32 slice" in line for line in held)  # plain torch.load
     prefix = "bf16_" if get["DTYPE"] == "bf16" else ""  # CPU ranks: "auto" is fp32
