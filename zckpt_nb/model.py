@@ -162,6 +162,16 @@ def count_params(model: Any) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
+def tied_names(model: Any) -> dict[str, str]:
+    """Tied parameters as DeepSpeed records them (`shared_params`): each later name of a tensor -> its first name."""
+    first: dict[int, str] = {}
+    ties = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            ties[name] = first[id(param)]
+    return ties
+
+
 def param_count(name: str) -> int:
     """P for preset `name`, counted on the meta device: no memory, no DeepSpeed, no training."""
     return count_params(meta_model(name))

@@ -54,7 +54,10 @@ def large_frees_returned() -> Iterator[None]:
     import ctypes
     import ctypes.util
 
-    mallopt = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt", None)  # none: not glibc, no threshold
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError):  # not glibc: its allocator has no such threshold to fix
+        mallopt = None
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, 1 << 20)
     try:

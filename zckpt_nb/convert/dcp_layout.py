@@ -15,6 +15,7 @@ from typing import Any
 
 from zckpt_nb.convert.zero_shards import MOMENTS
 from zckpt_nb.errors import CheckpointError
+from zckpt_nb.model import tied_names
 
 OPTIMIZER_KEYS = ("optim", "optimizer")  # get_state_dict's examples name it `optim`; torchtitan `optimizer`
 NOT_MODEL = ("optim", "optimizer", "lr_scheduler", "dataloader", "train_state")  # torchtitan's other top-level keys
@@ -51,14 +52,8 @@ class Layout:
 
 def model_names(model: Any) -> ModelNames:
     """`model`'s (a meta-device module) parameter names and shapes, tied names -> first name, state dict keys."""
-    first: dict[int, str] = {}
-    params, ties = {}, {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if first.setdefault(id(p), name) == name:
-            params[name] = tuple(p.shape)
-        else:
-            ties[name] = first[id(p)]
-    return ModelNames(params, ties, frozenset(model.state_dict()))
+    params = {name: tuple(p.shape) for name, p in model.named_parameters()}  # a tied one once, by its first name
+    return ModelNames(params, tied_names(model), frozenset(model.state_dict()))
 
 
 def model_prefix(folder: Path, tensors: dict[str, tuple[int, ...]], names: ModelNames) -> str:

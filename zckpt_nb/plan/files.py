@@ -17,6 +17,7 @@ from typing import Any
 
 from zckpt_nb.format.client_state import CLIENT_KEY, client_state
 from zckpt_nb.format.sizes import ADAM_STATES, FP32, fixed_tensor_bytes, slice_numel
+from zckpt_nb.model import tied_names
 
 # Tensors with data in one rank's files: the torch RNG state (model states); the fp32 partition, Adam's step and
 # both moments (optimizer states). Each record's data starts on a 64-byte boundary (up to 63 bytes of padding), and
@@ -53,24 +54,12 @@ def package_client(config: dict[str, Any], n: int, step: int, seed: int) -> dict
     return client
 
 
-def shared_params(model: Any) -> dict[str, str]:
-    """Tied parameters as DeepSpeed records them: each later name of a tensor mapped to its first name."""
-    first: dict[int, str] = {}
-    shared = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            shared[name] = first[id(param)]
-        else:
-            first[id(param)] = name
-    return shared
-
-
 def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> dict[str, Any]:
     """The model-states file's content as DeepSpeed writes it under ZeRO-3, tensors empty."""
     batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
     shapes = OrderedDict((k, getattr(p, "ds_shape", p.shape)) for k, p in model.named_parameters())
     return {"module": placeholders(model), "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
-            "frozen_param_shapes": OrderedDict(), "shared_params": shared_params(model),
+            "frozen_param_shapes": OrderedDict(), "shared_params": tied_names(model),
             "frozen_param_fragments": OrderedDict(), "lr_scheduler": {"last_batch_iteration": step - 1},
             "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
             "global_samples": step * batch, "dp_world_size": n, "mp_world_size": 1,
