@@ -1,10 +1,8 @@
 """Change the world size of a ZeRO-3 checkpoint: DeepSpeed's universal checkpoint, committed like a save.
 
-DeepSpeed's `ds_to_universal` (run in a child process, measured, after every source file passed its SHA-256 and a
-weights-only unpickle) rewrites the N partitions as one folder per parameter, DIR/universal/<tag>/zero/<param>/, which
-a `"checkpoint": {"load_universal": true}` engine loads on any number of ranks. Its output is staged and committed as
-a save is (manifest last, with the source manifest's SHA-256); a later resume reuses it while that hash still matches
-(docs/resharding.md).
+DeepSpeed's `ds_to_universal` runs in a child process once every source file passed its SHA-256 and a weights-only
+unpickle; its output, DIR/universal/<tag>/, is committed with the source manifest's SHA-256, and a later resume reuses
+it while that hash still matches (docs/resharding.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A ZeRO-3 checkpoint's parameters read straight from its rank files, one tensor at a time, in bounded memory.
 
-Each parameter takes ceil(numel / N) elements of every rank's flat fp32 partition and of Adam's two moments, laid
-out alike; a frozen one's padded shares lie in the model-states files. DeepSpeed's public `zero_to_fp32` helpers
-(`zero3_partitioned_param_info`, `GatheredTensor`) locate them; neither DeepSpeed reader gives one parameter's weights
-and moments on demand. The files are memory-mapped weights-only and unmapped whenever the bytes read through them
-reach half the largest parameter's fp32 state, which bounds the resident pages (docs/dcp.md).
+DeepSpeed's public `zero_to_fp32` helpers (`zero3_partitioned_param_info`, `GatheredTensor`) locate each parameter's
+slices of the flat fp32 partitions and Adam's moments; neither DeepSpeed reader gives one parameter on demand. The
+files are memory-mapped weights-only and unmapped as a budget of bytes is read through them (docs/dcp.md).
 """
 
 from __future__ import annotations
