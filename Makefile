@@ -8,6 +8,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# One ninja and one build folder for DeepSpeed's JIT op: the venv's ninja (pip's 1.13) first on PATH, since a system
+# ninja (1.11) reads the other's .ninja_log as a changed command and rebuilds the op in every new process; and the op
+# built inside this checkout's venv, not in ~/.cache, which other checkouts (each with its own paths) rewrite
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
 .PHONY: notebooks test test-fast lab lint bench gpu-check clean
 
