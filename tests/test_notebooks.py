@@ -364,7 +364,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (34 if get("GATHER_16BIT") else 35), held
+    assert len(held) == (40 if get("GATHER_16BIT") else 41), held
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
     trained, resumed = ({(r, s): x for r, s, x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+)", lines)}
                         for what in ("trained", "resumed"))
@@ -373,6 +373,10 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sorted(re.findall(r"rank (\d+): resumed at step (\d+)", lines)) == [(str(r), str(steps))
                                                                                 for r in range(nproc)]
     assert "✓ every resumed loss equals the uninterrupted run's" in held
+    control = {(r, s): x for r, s, x in re.findall(r"rank (\d+): control step (\d+) loss (\S+)", lines)}
+    assert sorted(control) == sorted(resumed) and not all(trained[key] == loss for key, loss in control.items())
+    assert any(line.startswith("✓ the control fails the same test: resumed from the save one step older")
+               for line in held)
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
     predicted = sum(-(-s.numel() // nproc) for group in shapes for s in group.values())
     slices = [sum(t.numel() for t in safe_load(p)["optimizer_state_dict"]["fp32_flat_groups"])
@@ -397,6 +401,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         return len(masters)
 
     n = exact(runs / "hf", runs / "raw", tag)
+    assert exact(runs / "zero_to_fp32", runs / "raw", tag) == n  # what DeepSpeed's zero_to_fp32.py wrote
     assert any(line.startswith(f"✓ own loop's export: {n} of {n} tensors") for line in held)
     if not get("GATHER_16BIT"):
         n = exact(runs / "trainer_hf", runs / "trainer" / f"checkpoint-{steps + 2}", tag_for(steps + 2))
