@@ -15,6 +15,7 @@ from conftest import procs_mentioning
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
 
+from zckpt_nb import SaveMode
 from zckpt_nb.course.panel import StallPanel, probe_dir
 from zckpt_nb.course.plots import caption
 from zckpt_nb.measure import meters
@@ -40,7 +41,7 @@ def lesson() -> dict:
     the cells' other lines (which read the notebook's own run)."""
     names = {"plt": plt, "statistics": statistics, "caption": caption, "itertools": itertools,
              "StrMethodFormatter": StrMethodFormatter, "LogLocator": LogLocator, "NullFormatter": NullFormatter,
-             "Patch": Patch}
+             "Patch": Patch, "SaveMode": SaveMode}
     for source in cells():
         if not source.startswith("%"):
             tree = ast.parse(source)
