@@ -19,6 +19,7 @@ from zckpt_nb.format.disk import atomic_write
 from zckpt_nb.format.layout import MANIFEST, committed_tags, latest_name
 from zckpt_nb.format.manifest import sha256_file
 from zckpt_nb.run.launch import launch
+from zckpt_nb.run.logs import rank_lines
 from zckpt_nb.saving import rotation
 from zckpt_nb.saving.commit import space_problem
 
@@ -188,6 +189,9 @@ def test_seed_rank0_only_save_is_reported_not_an_endless_hang(tmp_path):
     text = failed_launch(out, worker="zckpt_nb.examples.rank0_only", collective_timeout=10)
     assert "was called on rank 0 only" in text and "every rank must call save_checkpoint" in text
     assert committed_tags(out) == [] and latest_name(out) is None
+    lines = rank_lines(out, last=50)  # what each rank printed: rank 1 skipped the seed's `if rank == 0` block
+    assert not any("failed" in line and "save" in line for line in lines["rank 1"])
+    assert any("was called on rank 0 only" in line for line in lines["rank 0"])
 
 
 @pytest.fixture
