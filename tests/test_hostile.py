@@ -103,8 +103,6 @@ def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, int
     return found
 
 
-
-
 def readers(work: Path) -> dict[str, tuple[str, ...]]:
     """The commands that read a checkpoint's rank files, each with its own output folder."""
     ckpt = work / "ckpt"

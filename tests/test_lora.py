@@ -21,8 +21,6 @@ LOOP = "zckpt_nb.examples.own_loop"
 PREFIX = "base_model.model."
 
 
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """The loop with --lora, 3 steps, saved by DeepSpeed (adapter_config.json beside it) and adopted."""

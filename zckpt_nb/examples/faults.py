@@ -114,8 +114,6 @@ class FaultyEngine(ZckptEngine):
         maybe(PROTOCOL_POINTS[point], self.rank, self.step)
 
 
-
-
 @contextmanager
 def injected(spec: str | None) -> Iterator[None]:
     """Set ZCKPT_FAULT for the launches inside the block (ranks inherit it), then clear it. None: no fault."""

@@ -23,8 +23,6 @@ from zckpt_nb.saving.process_writer import die_with_parent
 LAUNCHER_ENV = "ZCKPT_LAUNCHER"
 
 
-
-
 def identity(pid: int) -> str:
     """`pid:start_time`: names one process even after its pid is reused."""
     import psutil
