@@ -233,7 +233,7 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 06 timed every save of every mode on every rank, in the dtype it resolved, after one save per mode
     kept apart; its tie table calls each pair of modes as the exact test on those timings does, at 5% over the number
     of pairs (Bonferroni); DeepSpeed's decoupled writer was timed in a launch of its own, waiting once per save in its
-    commit; N + 1 ranks timed every save too."""
+    commit; no launch on N + 1 ranks (more ranks than cores would time the sharing of the cores)."""
     get = {**parameter_defaults(BY_PREFIX["06"]), **parameters}.get
     n, modes, dtype = get("NPROC"), get("SAVE_MODES"), lesson_dtype(get("DTYPE"))
     folder = probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), n)
@@ -271,16 +271,11 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert (held["persistent_tensors"] > 0) == (get("PERSISTENCE_THRESHOLD") > 0) and held["owned"] >= held[
         "elements"] / n
     decoupled = read(folder / "deepspeed_decoupled", "timings")
-    side = min(get("REPEATS"), 3)  # sections 5 and 6 are read side by side, with at most 3 repeats
+    side = min(get("REPEATS"), 3)  # section 5 is read side by side, with at most 3 repeats
     assert sorted((r["mode"], r["repeat"], r["rank"]) for r in decoupled) == sorted(
         ("decoupled", i, rank) for i in range(side) for rank in range(n))
     assert all(r["durable_s"] is None and r["commits"] == 1 for r in decoupled)  # one wait in the writer's commit
-    bigger = n + 1  # section 6: the same probe on one rank more
-    more = [r for rank in range(bigger) for r in json.loads(
-        (probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), bigger) / f"timings_rank{rank}.json")
-        .read_text())]
-    assert sorted((r["mode"], r["repeat"], r["rank"]) for r in more) == sorted(
-        (m, i, rank) for m in modes for i in range(side) for rank in range(bigger))
+    assert not probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), n + 1).exists()  # no N + 1 launch
 
 
 def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
