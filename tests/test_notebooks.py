@@ -361,7 +361,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (40 if get("GATHER_16BIT") else 41), held
+    assert len(held) == (41 if get("GATHER_16BIT") else 42), held
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
     trained, resumed = ({(r, s): x for r, s, x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+)", lines)}
                         for what in ("trained", "resumed"))
@@ -410,9 +410,15 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         state = json.loads((runs / run / f"checkpoint-{steps + 2}" / "trainer_state.json").read_text())
         return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
 
-    full, resumed = logged("trainer"), logged("trainer_resumed")
+    full, log = logged("trainer"), (runs / "trainer.log").read_text()  # resumed and control: in the same launch
+    found = {run: json.loads(re.search(rf"{run} logged losses (.*)$", log, re.M)[1]) for run in ("resumed", "control")}
+    resumed, control = ({int(s): x for s, x in found[run].items()} for run in ("resumed", "control"))
     assert all(full[s] == resumed[s] for s in (steps + 1, steps + 2))  # CPU ranks: bit for bit
+    assert not all(full[s] == control[s] for s in (steps + 1, steps + 2))  # the batches replayed: not the same
     assert "✓ every resumed loss equals the uninterrupted run's" in held
+    assert any(line.startswith("✓ the control fails the same test: resumed without skipping") for line in held)
+    names = [p.name for p in (runs / "trainer" / f"checkpoint-{steps}" / tag).glob("*optim_states.pt")]
+    assert len(names) == nproc and all(n.startswith("bf16_") == (lesson_dtype(get("DTYPE")) == "bf16") for n in names)
 
     def printed(log: str) -> dict:
         found = re.findall(r"rank (\d+): step (\d+) loss (\S+) lr ([\d.e+-]+)", (runs / log).read_text())

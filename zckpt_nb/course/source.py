@@ -1,0 +1,28 @@
+"""Lines of the installed DeepSpeed as notebooks 07 and 08 print them: found by their text, never by a line number,
+so an excerpt follows the installed version; the header names the version, the file, the lines and the function."""
+
+from __future__ import annotations
+
+import textwrap
+from importlib.metadata import version
+from importlib.util import find_spec
+from pathlib import Path
+
+
+def deepspeed_file(path: str) -> Path:
+    """`path` (e.g. "runtime/engine.py") inside the installed deepspeed package."""
+    return Path(find_spec("deepspeed").submodule_search_locations[0]) / path
+
+
+def quote(path: str, first: str, last: str | None = None, *, start: str | None = None) -> str:
+    """The lines of DeepSpeed's `path` from the first one holding `first` (after the line holding `start`, when
+    given) to the next one holding `last` (or that line alone), dedented, under a header naming where they are."""
+    lines = deepspeed_file(path).read_text().splitlines()
+    begin = next(i for i, line in enumerate(lines) if start in line) if start else 0
+    a = next(i for i in range(begin, len(lines)) if first in lines[i])
+    b = next(i for i in range(a, len(lines)) if last in lines[i]) if last else a
+    func = next((lines[j].split("def ", 1)[1].split("(")[0] for j in range(a, -1, -1)
+                 if lines[j].lstrip().startswith("def ")), "the module")
+    where = f"line {a + 1}" if a == b else f"lines {a + 1} to {b + 1}"
+    body = textwrap.indent(textwrap.dedent("\n".join(lines[a:b + 1])), "    " if a == b else "")
+    return f"DeepSpeed {version('deepspeed')}, {path}, {where}, in {func}:\n{body}"
