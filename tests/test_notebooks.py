@@ -497,9 +497,9 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         return [json.loads(line) for line in (runs / log).read_text().splitlines() if line.startswith("{")]
 
     base = RunResult.from_dir(runs / "zero3", [], 0.0)
-    fsdp, back, control = said("fsdp.log"), said("back.log"), said("control.log")
-    second = [i for i, r in enumerate(back) if "loaded" in r][1]  # the back job loads from-dcp's, then by hand's
-    back, by_hand = back[:second], back[second:]
+    fsdp, back_job = said("fsdp.log"), said("back.log")  # the back job loads from-dcp's, by hand's, the control's
+    back, by_hand, control = ([r for r in back_job if r["folder"] == str(runs / f)]
+                              for f in ("back/universal", "by_hand", "control/universal"))
     assert [(r["step"], r["loss"], r["lr"]) for r in by_hand[1:]] == [(r["step"], r["loss"], r["lr"]) for r in back[1:]]
     assert (base.world_size, fsdp[0]["world"], back[0]["world"]) == (get("SOURCE_NPROC"), get("FSDP_NPROC"),
                                                                      get("BACK_NPROC"))
