@@ -157,6 +157,7 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     held = passed_checks(nb)
     assert len(held) == 24, held
     assert any(f"got {get['LOAD_TAG']}'s weights exactly" in line for line in held)
+    assert any("after it: on every rank every master is a bf16 value" in line for line in held)
     assert any("the recovery, the base model from its files" in line for line in held)
     assert (runs / "base" / "config.json").exists()  # the base model the frozen fine-tuning and the recovery load
     nproc, tag = get["NPROC"], get["LOAD_TAG"]
