@@ -369,15 +369,15 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
     assert len(held) == (41 if get("GATHER_16BIT") else 42), held
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
-    trained, resumed = ({(r, s): x for r, s, x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+)", lines)}
-                        for what in ("trained", "resumed"))
+    trained, resumed = ({(r, s): x for r, s, *x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+) lr (\S+)",
+                                                              lines)} for what in ("trained", "resumed"))
     assert sorted(resumed) == sorted((str(r), str(s)) for r in range(nproc) for s in (steps + 1, steps + 2))
-    assert all(trained[key] == loss for key, loss in resumed.items())  # the repr of each loss, every digit
+    assert all(trained[key] == got for key, got in resumed.items())  # the repr of each loss and LR, every digit
     assert sorted(re.findall(r"rank (\d+): resumed at step (\d+)", lines)) == [(str(r), str(steps))
                                                                                 for r in range(nproc)]
-    assert "✓ every resumed loss equals the uninterrupted run's" in held
+    assert "✓ every resumed loss and LR equals the uninterrupted run's" in held
     control = {(r, s): x for r, s, x in re.findall(r"rank (\d+): control step (\d+) loss (\S+)", lines)}
-    assert sorted(control) == sorted(resumed) and not all(trained[key] == loss for key, loss in control.items())
+    assert sorted(control) == sorted(resumed) and not all(trained[key][0] == loss for key, loss in control.items())
     assert any(line.startswith("✓ the control fails the same test: resumed from the save one step older")
                for line in held)
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
@@ -426,14 +426,18 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     names = [p.name for p in (runs / "trainer" / f"checkpoint-{steps}" / tag).glob("*optim_states.pt")]
     assert len(names) == nproc and all(n.startswith("bf16_") == (lesson_dtype(get("DTYPE")) == "bf16") for n in names)
 
-    def printed(log: str) -> dict:
-        found = re.findall(r"rank (\d+): step (\d+) loss (\S+) lr ([\d.e+-]+)", (runs / log).read_text())
+    def printed(log: str, what: str) -> dict:
+        found = re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+) lr (\S+)", (runs / log).read_text())
         return {(int(r), int(s)): (loss, lr) for r, s, loss, lr in found}
 
-    before, after = printed("accelerate.log"), printed("accelerate_resumed.log")
-    assert sorted(after) == [(r, s) for r in range(nproc) for s in (steps + 1, steps + 2)]
+    before, after = printed("accelerate.log", "trained"), printed("accelerate_resumed.log", "resumed")
+    control = printed("accelerate_resumed.log", "control")  # load_state, then set_seed: the same LRs, other batches
+    assert sorted(after) == sorted(control) == [(r, s) for r in range(nproc) for s in (steps + 1, steps + 2)]
     assert all(before[key] == value for key, value in after.items())
+    assert all(before[key][1] == lr for key, (_, lr) in control.items())
+    assert not all(before[key][0] == loss for key, (loss, _) in control.items())
     assert "✓ every resumed loss and LR equals the uninterrupted run's" in held
+    assert any(line.startswith("✓ the control's LRs equal them too") for line in held)
     assert sorted(p.name for p in (runs / "accelerate").glob("random_states_*.pkl")) == [
         f"random_states_{r}.pkl" for r in range(nproc)]
     shared = {e.path: e for e in read_manifest(runs / "accelerate" / "pytorch_model").shared}
@@ -451,7 +455,6 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         assert re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
                          rf"torch.distributed rank {r} of {nproc}", (runs / f"no_backend_{r}.log").read_text())
     assert [p.name for p in (runs / "no_backend").iterdir()] == ["random_states_0.pkl"]
-    assert any(line.startswith("✓ each file on disk, hashed here, has the SHA-256") for line in held)
 
 
 def stream_text(nb: nbformat.NotebookNode) -> str:
