@@ -130,6 +130,8 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert get["NPROC"] == 1 or any("rank 0 gave up inside save_checkpoint" in line for line in held)  # bounded
     assert get["NPROC"] == 1 or any("at least one rank timed out" in line for line in held)  # rank-0-only save
     assert any(f"engine.global_steps back to {get['RESUME_STEP']}," in line for line in held)  # DeepSpeed's own count
+    loaded = f"load_checkpoint loaded global_step{get['RESUME_STEP']}, the tag `latest` names"  # no --tag
+    assert any(loaded in line for line in held)
     assert not (runs / "mistakes" / "latest").exists()
     printed = [re.search(r"step (\d+) loss ([\d.e+-]+) lr ([\d.e+-]+)", line) for name in ("minimal", "minimal_resumed")
                for line in (runs / f"{name}.log").read_text().splitlines()]
@@ -140,12 +142,12 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sorted(resumed) == list(range(get["RESUME_STEP"] + 1, get["STEPS"] + 1))
     assert all(full[s] == resumed[s] for s in resumed)  # CPU ranks: the resume repeats every loss bit for bit
     forgot = [re.search(r"without the step: batch (\d+) loss ([\d.e+-]+)", line)
-              for line in (runs / "minimal_resumed.log").read_text().splitlines()]
-    forgot = [m for m in forgot if m]  # mistake 3: the same launch resumed again from step 0
+              for line in (runs / "mistakes.log").read_text().splitlines()]
+    forgot = [m for m in forgot if m]  # mistake 3: the mistakes launch resumed again from step 0
     assert len(forgot) == min(3, get["STEPS"] - get["RESUME_STEP"])
     assert all(m[2] != full[get["RESUME_STEP"] + int(m[1])] for m in forgot)
     trap = [re.search(r"mistake 1: token embedding std [\d.]+, loss ([\d.e+-]+)", line)
-            for line in (runs / "minimal_resumed.log").read_text().splitlines()]  # the side model, same launch
+            for line in (runs / "mistakes.log").read_text().splitlines()]  # the side model, mistakes launch
     assert float(next(filter(None, trap))[1]) > 2 * float(full[1])  # the bare zero.Init trap starts far above
     info = inspect_checkpoint(runs / "minimal", tag_for(get["STEPS"]))
     assert info.world_size == get["NPROC"] and info.num_params == predict("tiny", 1).num_params
