@@ -1,5 +1,6 @@
-"""Lines of the installed DeepSpeed (or another package) as notebooks 07, 08 and 09 print them: found by their text, never by a line number,
-so an excerpt follows the installed version; the header names the version, the file, the lines and the function."""
+"""Lines of the installed DeepSpeed (or another package) as notebooks 07, 08 and 09 print them: found by their text,
+never by a line number, so an excerpt follows the installed version; the header names the version, the file, the
+lines and the function."""
 
 from __future__ import annotations
 
