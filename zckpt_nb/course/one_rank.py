@@ -6,21 +6,20 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import socket
 from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from zckpt_nb.run.launch import free_port
+
 
 def one_rank_env() -> dict[str, str]:
     """The five variables `torchrun` sets, for rank 0 of 1 on a free local port (without all five, DeepSpeed's
     `init_distributed` looks for MPI instead)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1"}
 
 
 @contextlib.contextmanager
