@@ -44,9 +44,25 @@ def test_device_path_copies_each_storage_once_and_keeps_views():
     """`to_host` is what a GPU tensor goes through; run here on CPU tensors, it must give the same views."""
     flat = torch.arange(12, dtype=torch.float64)
     storages: dict = {}
-    a, b = snapshot.to_host(flat[1:4], storages), snapshot.to_host(flat.view(3, 4)[:, 1], storages)
+    staging = snapshot.Staging()
+    a, b = snapshot.to_host(flat[1:4], storages, staging), snapshot.to_host(flat.view(3, 4)[:, 1], storages, staging)
     assert len(storages) == 1 and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     assert a.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr()
     assert torch.equal(a, flat[1:4]) and torch.equal(b, flat.view(3, 4)[:, 1]) and b.stride() == (4,)
-    param = snapshot.to_host(torch.nn.Parameter(torch.ones(2)), storages)
+    param = snapshot.to_host(torch.nn.Parameter(torch.ones(2)), storages, staging)
     assert isinstance(param, torch.nn.Parameter)
+
+
+def test_staging_reuses_each_buffer_at_the_next_save_and_drops_the_unused():
+    """A saver's next save copies into the same host buffers; a storage it no longer saves loses its buffer."""
+    kept, gone = torch.arange(6, dtype=torch.float32), torch.ones(3)
+    staging = snapshot.Staging()
+    staging.next_save()
+    first = snapshot.host_copy({"kept": kept, "gone": gone}, staging)
+    kept.add_(1)
+    staging.next_save()
+    second = snapshot.host_copy({"kept": kept}, staging)
+    assert second["kept"].untyped_storage().data_ptr() == first["kept"].untyped_storage().data_ptr()
+    assert torch.equal(second["kept"], kept) and len(staging.used) == 1
+    staging.next_save()
+    assert len(staging.kept) == 1  # the buffer of the storage the second save left out is freed

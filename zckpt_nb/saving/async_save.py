@@ -12,6 +12,7 @@ import contextvars
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from zckpt_nb.saving import commit, rotation
 from zckpt_nb.saving.collective import GROUP
 from zckpt_nb.saving.engine import SNAPSHOT, Files, install
 from zckpt_nb.saving.process_writer import ProcessWriter
+from zckpt_nb.saving.snapshot import Staging, host_copy
 
 
 @dataclass
@@ -49,6 +51,7 @@ class AsyncSaver:
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.flight: InFlight | None = None
         self.process = process
+        self.staging = process.staging if process else Staging()  # the host buffers each save copies into
 
     def save(self, tag: str, state: dict[str, Any], step: int, prepare: Any) -> SaveOutcome:
         """Copy and start writing `tag`; returns in flight unless the preflight failed."""
@@ -58,7 +61,8 @@ class AsyncSaver:
         error, need = commit.agreed_preflight(self.engine, self.save_dir, state, rank, prepare)
         if error:
             return SaveOutcome(tag, step, False, error, time.perf_counter() - start, estimated_bytes=need)
-        files = Files(rank, SNAPSHOT, self.process.stage) if self.process else Files(rank, SNAPSHOT)
+        self.staging.next_save()  # the save before this one is written: its buffers are free
+        files = Files(rank, SNAPSHOT, self.process.stage if self.process else partial(host_copy, staging=self.staging))
         commit.run_save(self.engine, files, self.save_dir, tag, state, start)
         copied = time.perf_counter() - start
         self.flight = InFlight(tag, step, start, need, files)

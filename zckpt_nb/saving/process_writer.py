@@ -18,7 +18,7 @@ from typing import Any
 
 from zckpt_nb.format.sizes import tensors_in
 from zckpt_nb.format.writer import Written, write_hashed
-from zckpt_nb.saving.snapshot import host_copy
+from zckpt_nb.saving.snapshot import Staging, host_copy
 
 POLL_S = 1.0  # how often each side looks whether the other is still alive
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -66,7 +66,7 @@ class ProcessWriter:
     def __init__(self, zipfile: bool = True) -> None:
         import torch.multiprocessing as mp
 
-        self.staging: dict[tuple[str, int], Any] = {}  # source storage -> its shared buffer, reused by each save
+        self.staging = Staging(shared=True)  # the shared buffers each save copies into
         self.context, self.zipfile = mp.get_context("spawn"), zipfile
         self.start()
 
@@ -119,4 +119,4 @@ class ProcessWriter:
         if self.process.is_alive():
             self.jobs.put(None)
             self.process.join(timeout=30)
-        self.staging.clear()
+        self.staging.drop()
