@@ -1,41 +1,44 @@
-"""What a ZeRO-3 `load_checkpoint` builds or reads, and how far it raises the heap, measured inside the rank.
+"""What a ZeRO-3 `load_checkpoint` builds, reads or gathers, noted inside the rank (notebook 03).
 
-`install()` wraps three DeepSpeed functions (once per process, before the engines are built): the whole fp32 state
-dict `get_fp32_state_dict_from_zero_checkpoint` joins from every rank's files, the parameters a `GatheredParameters`
-block gathers whole, and the engine's read of this rank's own optimizer file. `watched(call)` runs a call while a thread
-samples the heap (`meters.heap_in_use`) every millisecond; during it, and only then, each wrapper notes its bytes and
-the heap at that moment. `largest_moment` reads Adam's moments after a load (0 in a fresh optimizer).
+`install()` wraps four DeepSpeed functions (once per process, before the engines are built): zero_to_fp32's read of
+every rank's optimizer file, the whole fp32 state dict `get_fp32_state_dict_from_zero_checkpoint` joins from them, the
+parameters a `GatheredParameters` block gathers whole, and the engine's read of this rank's own optimizer file.
+`watched(call)` runs a call; during it, and only then, each wrapper notes its bytes. `largest_moment` reads Adam's
+moments after a load (0 in a fresh optimizer).
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from zckpt_nb.measure.meters import heap_in_use
-
-MARKS: list[dict[str, Any]] = []  # during a watched call: {"what", "bytes", "heap"} for each wrapped call
-_START: dict[str, int | None] = {"heap": None}  # the heap when the watched call began; None outside one
+MARKS: list[dict[str, Any]] = []  # during a watched call: {"what", "bytes"} for each wrapped call
+_WATCHING = [False]
 
 
 def _mark(what: str, nbytes: int) -> None:
-    if _START["heap"] is not None:
-        MARKS.append({"what": what, "bytes": int(nbytes), "heap": (heap_in_use() or 0) - _START["heap"]})
+    if _WATCHING[0]:
+        MARKS.append({"what": what, "bytes": int(nbytes)})
 
 
 def install() -> None:
-    """Wrap the three DeepSpeed functions a ZeRO-3 load can go through; outside `watched` they note nothing."""
+    """Wrap the four DeepSpeed functions a ZeRO-3 load can go through; outside `watched` they note nothing."""
     import deepspeed
     import deepspeed.runtime.engine as engine_module
     import torch.distributed as dist
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+    from deepspeed.utils import zero_to_fp32
 
+    parse = zero_to_fp32.parse_optim_states
     build = engine_module.get_fp32_state_dict_from_zero_checkpoint
     read = DeepSpeedEngine._get_all_zero_checkpoint_state_dicts
+
+    def parsed(files: list[str], *args: Any) -> Any:  # every rank's optimizer file, mapped; the masters are read
+        stage, world, flat_groups, paddings = parse(files, *args)
+        _mark("masters_read", sum(t.nbytes for groups in flat_groups for t in groups))  # all N files' fp32 slices
+        return stage, world, flat_groups, paddings
 
     def built(*args: Any, **kwargs: Any) -> Any:  # the whole model in fp32, joined from every rank's files
         state = build(*args, **kwargs)
@@ -54,32 +57,21 @@ def install() -> None:
                 _mark("gathered", sum(p.ds_numel * p.element_size() for p in self.params))
             return entered
 
+    zero_to_fp32.parse_optim_states = parsed  # looked up by name in zero_to_fp32 when it joins the state dict
     engine_module.get_fp32_state_dict_from_zero_checkpoint = built
     DeepSpeedEngine._get_all_zero_checkpoint_state_dicts = own_file
     deepspeed.zero.GatheredParameters = Gathered  # the name engine.py and transformers look up when they call it
 
 
-def watched(call: Callable[[], Any]) -> tuple[Any, int, list[dict[str, Any]]]:
-    """Run `call`: what it returned, the highest heap rise above its start (sampled every millisecond, and read at
-    each mark), and the marks the wrapped functions noted during it."""
+def watched(call: Callable[[], Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """Run `call`: what it returned, and the marks the wrapped functions noted during it."""
     MARKS.clear()
-    _START["heap"] = start = heap_in_use() or 0
-    peak, done = [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], (heap_in_use() or 0) - start)
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    _WATCHING[0] = True
     try:
         returned = call()
     finally:
-        done.set()
-        sampler.join()
-        _START["heap"] = None
-    return returned, max([peak[0]] + [m["heap"] for m in MARKS]), list(MARKS)
+        _WATCHING[0] = False
+    return returned, list(MARKS)
 
 
 def largest_moment(engine: Any) -> float:
