@@ -472,10 +472,12 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     text, get = stream_text(nb), {**parameter_defaults(BY_PREFIX["09"]), **parameters}.get
     assert text.count("✓") >= len(get("CONFIGS")) + 3
     assert "✓ plan's write, read and network seconds are these bytes over rates" in text
-    assert "measured / predicted, at the medians: " in text  # predicted stalls beside REPEATS saves (no bound)
+    assert "measured / predicted, at the medians: " in text  # predicted stalls beside SAVE_REPEATS saves (no bound)
     assert "✓ every save of the loop committed, one tag per save" in text  # the loop ran on a one-rank engine
     assert "✓ the process group holds the timeout given to init_distributed" in text
-    assert "✓ in every row async loses less exactly when copy / write exceeds 1 / (1 - sqrt(C / 2M))^2" in text
+    assert "✓ async loses less exactly when copy / write exceeds 1 / (1 - sqrt(C / 2M))^2" in text
+    assert "✓ each tag's files are predict(\"tiny\", 1, " in text  # the cost model against the loop's real files
+    assert f"✓ engine.global_steps after the load is the tag's step, {get('LOOP_SAVE_EVERY')}" in text
     if get("WRITE_GBPS") and get("COPY_GBPS"):  # the rates given, not measured: the same figures here as there
         n = get("NODES") * get("GPUS_PER_NODE")
         bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"), get("FILE_MS"))
