@@ -180,25 +180,20 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
 
 def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
-    """Notebook 04 proved its four routes and its reload; the export it made loads and holds the masters."""
+    """Notebook 04 proved its four routes and its reloads; the folders it made hold the masters."""
     from safetensors.torch import load_file
 
     held = passed_checks(nb)
     model = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["MODEL"]
     four_p = 4 * predict(model, 1).num_params
-    assert len(held) == 20 + 2 * (four_p >= 8 * 2**20) + 2 * (four_p >= 32 * 2**20), held  # peaks' order and the
-    # script's mapped pages where 4P >= 8 MiB; the export's two BOUND checks where 4P >= 2 x BOUND (16 MiB)
-    assert any("the export refuses a checkpoint save_checkpoint wrote alone, and names adopt" in line for line in held)
+    assert len(held) == 16 + 2 * (four_p >= 8 * 2**20), held  # the peaks' order and the script's mapped pages where
+    # 4P >= 8 MiB
     assert any("equal the working weights: every route holds the weights it should" in line for line in held)
     assert any("zero_to_fp32.py's files are the split printed above, tensor for tensor" in line for line in held)
-    assert (runs / "run_deepspeed" / "latest").read_text().strip() == (runs / "run" / "latest").read_text().strip()
+    assert any("reloaded logits equal the engine's" in line for line in held)
     assert sum("the ranks logged exactly the predicted collective bytes" in line for line in held) == 2
     assert json.loads((runs / "run_flag_off.json").read_text()) == {"returned": False, "files": []}
-    nproc = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["NPROC"]
-    for rank in range(nproc):  # the job script's own count of each route's collectives is the package meter's
-        for cost in json.loads((runs / "run" / f"costs_rank{rank}.json").read_text()):
-            assert {op: (o["calls"], o["bytes"]) for op, o in cost["collectives"].items()} == {
-                op: (o["count"], o["bytes"]) for op, o in cost["comm_ops"].items()}
+    assert (runs / "run" / "config.json").exists() and (runs / "script" / "config.json").exists()
     dtype = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["DTYPE"]
     assert any(f"in {dtype}, the masters and the working weights are" in line for line in held)
     exported = {k: v for f in (runs / "route_4").glob("*.safetensors") for k, v in load_file(f).items()}
