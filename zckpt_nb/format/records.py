@@ -88,7 +88,7 @@ class SaveOutcome(Record):
     deleted: list[str] = field(default_factory=list)  # the tags --keep_last removed after the commit
     rotation_error: str | None = None  # what --keep_last could not delete; the commit stands regardless
     estimated_bytes: int = 0  # the preflight's prediction of this rank's files
-    snapshot_bytes: int = 0  # asynchronous: host memory this rank held until its files were written
+    snapshot_bytes: int = 0  # asynchronous: host memory this rank's copy takes (kept for its next save)
     pinned_bytes: int | None = None  # asynchronous on GPU ranks: pinned host memory held after the snapshot
     durable_at: float | None = None  # asynchronous: time.perf_counter() of this process at the commit
     pending_micro_batches: int = 0  # trained since the last optimizer step: not in the checkpoint
