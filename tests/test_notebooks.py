@@ -208,7 +208,7 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     through a full disk; the files agree."""
     get = {**parameter_defaults(BY_PREFIX["05"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == 33, held
+    assert len(held) == 34, held
     mine = json.loads((runs / "first_job" / "mine" / "global_step1" / "manifest.json").read_text())["files"]
     package = read_manifest(runs / "first_job" / "package" / "global_step1").files
     assert sorted((f["path"], f["rank"]) for f in mine) == sorted((f.path, f.rank) for f in package)
