@@ -303,6 +303,7 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     refuse = ds_world != source
     assert len(said) == ds_world and all((" raised " in line) == refuse for line in said)
     assert not refuse or any("used a DP world size of" in line for line in said)
+    assert any(line.startswith("✓ DeepSpeed's batch check refuses train_batch_size") for line in held)
     assert any(line.startswith(f"✓ DeepSpeed's loader {'refused' if refuse else 'loaded'} the checkpoint as saved")
                for line in held)
 
@@ -380,7 +381,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (39 if get("GATHER_16BIT") else 40), held
+    assert len(held) == (38 if get("GATHER_16BIT") else 39), held
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
     trained, resumed = ({(r, s): x for r, s, *x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+) lr (\S+)",
                                                               lines)} for what in ("trained", "resumed"))
@@ -462,11 +463,6 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     changed = runs / "accelerate_tampered" / f"random_states_{nproc - 1}.pkl"
     assert sha256_file(changed) != shared[changed.name].sha256
     assert "✓ verify refused the copy, naming the changed RNG file" in held
-    one_rng = runs / "accelerate_one_rng"  # accelerate's RNG files of rank 0 only: adopt refuses, writes nothing
-    assert [p.name for p in one_rng.glob("random_states_*.pkl")] == ["random_states_0.pkl"]
-    assert not (one_rng / "pytorch_model" / "zckpt_manifest.json").exists()
-    assert ("✓ adopt raised CheckpointError and wrote no manifest: RNG files for ranks [0], DeepSpeed files for "
-            f"{nproc} ranks") in held
     batches = set()
     for r in range(nproc):  # the no-backend processes: each its own torch.distributed rank, accelerate's process 0
         found = re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
