@@ -143,7 +143,7 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert all(full[s] == resumed[s] for s in resumed)  # CPU ranks: the resume repeats every loss bit for bit
     forgot = [re.search(r"without the step: batch (\d+) loss ([\d.e+-]+)", line)
               for line in (runs / "mistakes.log").read_text().splitlines()]
-    forgot = [m for m in forgot if m]  # mistake 3: the mistakes launch resumed again from step 0
+    forgot = [m for m in forgot if m]  # mistake 2: the mistakes launch resumed again from step 0
     assert len(forgot) == min(3, get["STEPS"] - get["RESUME_STEP"])
     assert all(m[2] != full[get["RESUME_STEP"] + int(m[1])] for m in forgot)
     trap = [re.search(r"mistake 1: token embedding std [\d.]+, loss ([\d.e+-]+)", line)
