@@ -49,7 +49,8 @@ class Staging:
 def host_copy(state: Any, staging: Staging | None = None) -> Any:
     """A deep copy of `state` with every tensor in a host buffer of `staging` (kept for the next save), else new."""
     storages: dict[tuple[str, int], Any] = {}
-    memo = {id(t): to_host(t, storages, staging or Staging()) for t in tensors_in(state)}
+    staging = staging or Staging()  # none given: new buffers, dropped with the copy
+    memo = {id(t): to_host(t, storages, staging) for t in tensors_in(state)}
     return copy.deepcopy(state, memo)
 
 
