@@ -122,6 +122,18 @@ def test_the_cheapest_route_follows_the_numbers_given():
     assert one.route in ("gathered16", "per_param") and many.route in ("partitioned", "offline")
 
 
+def test_a_filesystem_cap_shares_out_among_the_ranks_that_write_at_once():
+    bw = Bandwidths(write_gbps=0.25, read_gbps=0.25, net_gbps=25)
+    free = {r.route: r for r in plan("llama-3-8b", 64, bw)}
+    rows = {r.route: r for r in plan("llama-3-8b", 64, bw, fs_cap_gbps=10)}  # 64 x 0.25 = 16 GB/s > 10
+    assert rows["partitioned"].seconds["write"] == pytest.approx(free["partitioned"].seconds["write"] * 16 / 10)
+    assert all(rows[m].seconds == free[m].seconds for m in ("gathered16", "per_param"))  # rank 0 alone: not capped
+    loose = {r.route: r for r in plan("llama-3-8b", 64, bw, fs_cap_gbps=100)}
+    assert all(loose[m].seconds == free[m].seconds for m in free)  # a cap above 16 GB/s does not bind
+    with pytest.raises(UsageError, match="cap must be a positive"):
+        plan("llama-3-8b", 64, bw, fs_cap_gbps=0)
+
+
 def test_a_step_latency_adds_ring_steps_per_collective_call():
     pred = predict("llama-3-8b", 64, "bf16")
     calls = len(tensor_numels("llama-3-8b"))  # one all-gather per distinct tensor

@@ -6,7 +6,7 @@ latency per ring step, as docs/planning.md ("Seconds: a bandwidth model") says t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zckpt_nb.errors import UsageError
 from zckpt_nb.plan.costs import Prediction, module_walk_numels, predict, tensor_numels
@@ -83,11 +83,25 @@ class PlannedSave:
     resumable: bool  # holds the optimizer state: training can resume from it (offline's fp32 file does not)
 
 
+def capped(bw: Bandwidths, writers: int, fs_cap_gbps: float | None) -> Bandwidths:
+    """`bw` with each writer's rate cut to its share of a shared filesystem's aggregate cap, when `writers` write at
+    once (None: no cap)."""
+    if fs_cap_gbps is None:
+        return bw
+    if fs_cap_gbps <= 0:
+        raise UsageError(f"the filesystem's cap must be a positive GB/s figure (got {fs_cap_gbps})")
+    return replace(bw, write_gbps=min(bw.write_gbps, fs_cap_gbps / writers))
+
+
 def plan(name: str, n: int, bw: Bandwidths, dtype: str = "bf16", persistence_threshold: int = 0,
-         gather_16bit: bool = True) -> list[PlannedSave]:
-    """Each save route on `n` ranks; the offline route runs after the partitioned save, off the training path."""
+         gather_16bit: bool = True, fs_cap_gbps: float | None = None) -> list[PlannedSave]:
+    """Each save route on `n` ranks; the offline route runs after the partitioned save, off the training path.
+
+    `fs_cap_gbps`, a shared filesystem's aggregate write bandwidth: the partitioned save's n ranks write at once and
+    share it (each at most fs_cap_gbps / n); the routes where one process writes get at most all of it."""
     pred = predict(name, n, dtype, persistence_threshold)
-    terms = time_terms(pred, bw)
+    terms = time_terms(pred, capped(bw, 1, fs_cap_gbps))
+    terms["partitioned"] = time_terms(pred, capped(bw, n, fs_cap_gbps))["partitioned"]
     save = sum(terms["partitioned"].values())
     rows = []
     for route in ("partitioned", "gathered16", "per_param", "offline"):
