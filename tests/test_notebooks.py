@@ -488,16 +488,19 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert "✓ every save of the loop committed, one tag per save" in text  # the loop ran on a one-rank engine
     assert "✓ the process group holds the timeout given to init_distributed" in text
     assert "✓ async loses less exactly when copy / write exceeds 1 / (1 - sqrt(C / 2M))^2" in text
+    assert "✓ the plan's choice here is section 5's" in text  # one verdict from the plan's rates, not two
+    assert "measured / predicted, each save over the probe just before it: " in text  # printed, no bound
     assert "✓ each tag's files are predict(\"tiny\", 1, " in text  # the cost model against the loop's real files
     assert f"✓ engine.global_steps after the load is the tag's step, {get('LOOP_SAVE_EVERY')}" in text
     if get("WRITE_GBPS") and get("COPY_GBPS"):  # the rates given, not measured: the same figures here as there
         n = get("NODES") * get("GPUS_PER_NODE")
         bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"), get("FILE_MS"))
-        part = next(r for r in plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD"))
-                    if r.route == "partitioned")
+        part = next(r for r in plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD"),
+                                    fs_cap_gbps=get("FS_CAP_GBPS")) if r.route == "partitioned")
         mtbf = job_mtbf_seconds(get("GPU_MTBF_HOURS"), n)
+        shared = min(get("WRITE_GBPS"), get("FS_CAP_GBPS") / n)  # each rank's write while all n write, under the cap
         modes = {"commit": (part.stall_s, 0.0), "async": (part.written_bytes / (get("COPY_GBPS") * 1e9),
-                                                         part.written_bytes / (get("WRITE_GBPS") * 1e9))}
+                                                         part.written_bytes / (shared * 1e9))}
         lost = {m: lost_fraction(optimal_interval(c, mtbf), c, mtbf, lag=lag, restart=get("RESTART_S"))
                 for m, (c, lag) in modes.items()}
         chosen = min(lost, key=lambda m: lost[m].total)
