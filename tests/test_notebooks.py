@@ -20,7 +20,7 @@ from zckpt_nb.convert.safeload import load as safe_load
 from zckpt_nb.course.notebooks import execute, failed_checks, notebook_paths
 from zckpt_nb.course.panel import probe_dir
 from zckpt_nb.course.ranks import lesson_dtype
-from zckpt_nb.format.layout import committed_tags, tag_for
+from zckpt_nb.format.layout import MANIFEST, committed_tags, tag_for
 from zckpt_nb.format.manifest import read_manifest, sha256_file
 from zckpt_nb.plan.costs import predict
 from zckpt_nb.plan.interval import job_mtbf_seconds, lost_fraction, optimal_interval
@@ -282,6 +282,14 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sorted((r["mode"], r["repeat"], r["rank"]) for r in decoupled) == sorted(
         ("decoupled", i, rank) for i in range(side) for rank in range(n))
     assert all(r["durable_s"] is None and r["commits"] == 1 for r in decoupled)  # one wait in the writer's commit
+    packaged = read(folder, "packaged")  # zckpt_nb.save(mode="async"), after each async save by hand: side repeats
+    timed = sorted((r["repeat"], r["rank"]) for r in packaged if r["repeat"] is not None)
+    if "async" in modes:  # and its first save, kept apart; every one committed, the newest with its manifest
+        assert sum(r["repeat"] is None for r in packaged) == n and all(r["committed"] for r in packaged)
+        assert timed == [(i, rank) for i in range(side) for rank in range(n)], timed
+        assert (folder / "packaged_async" / (folder / "packaged_async" / "latest").read_text() / MANIFEST).is_file()
+    else:
+        assert not packaged
     assert not probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), n + 1).exists()  # no N + 1 launch
 
 
