@@ -12,6 +12,7 @@ disk). Nothing is mocked: the files, errors and dead processes are real.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -21,6 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import torch
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from zckpt_nb.format.layout import tag_step
 from zckpt_nb.saving.engine import SNAPSHOT, Files, ZckptEngine
@@ -140,6 +144,88 @@ def tmpfs(path: Path, options: str) -> Iterator[str | None]:
         yield None
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+# Notebook 05's harness for its hand-written jobs (first_job.py, saves_job.py): real failures, made to happen on
+# purpose, and a failed write kept for the notebook's `commit` rather than raised. Not for copying into a real job.
+
+
+class FullOnRank(TorchCheckpointEngine):
+    """DeepSpeed's default writer (one torch.save per file), but rank `victim` writes into /dev/full, where every
+    write fails (ENOSPC). The first error is kept in `error` for `commit`, not raised: the rank still runs
+    DeepSpeed's save to its end, through its closing barrier."""
+
+    def __init__(self, serialization: bool, rank: int, victim: int) -> None:
+        super().__init__()  # no config: the one setting it reads is passed in
+        self.zipfile_serialization = serialization  # as DeepSpeed's own engine has it
+        self.rank, self.victim, self.error = rank, victim, None
+
+    def save(self, state_dict: Any, path: str) -> None:
+        try:
+            if self.rank == self.victim:
+                with open("/dev/full", "wb") as f:  # every write to it fails: ENOSPC
+                    torch.save(state_dict, f)
+            else:
+                super().save(state_dict, path)
+        except Exception as e:  # the first error, for commit()
+            self.error = self.error or f"{type(e).__name__} writing {os.path.basename(path)}: {e}"
+
+
+class KilledMidSave(TorchCheckpointEngine):
+    """DeepSpeed's default writer (one torch.save per file); in the save whose path holds `/{tag}/`, rank `victim`
+    writes its first file, waits 2 s (the other ranks finish theirs), then kills itself: kill -9, no Python cleanup."""
+
+    def __init__(self, serialization: bool, rank: int, victim: int, tag: str) -> None:
+        super().__init__()
+        self.zipfile_serialization = serialization  # as DeepSpeed's own engine has it
+        self.rank, self.victim, self.tag = rank, victim, tag
+
+    def save(self, state_dict: Any, path: str) -> None:
+        super().save(state_dict, path)
+        if self.rank == self.victim and f"/{self.tag}/" in path:
+            time.sleep(2)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KeepErrors(TorchCheckpointEngine):
+    """DeepSpeed's default writer; a failed folder or write is kept in `error` for `commit`, not raised, so the rank
+    runs DeepSpeed's save to its end, through its closing barrier (a rank that raised would skip it, and the others
+    would wait there)."""
+
+    def __init__(self, serialization: bool) -> None:
+        super().__init__()
+        self.zipfile_serialization, self.error = serialization, None
+
+    def keep(self, e: OSError, path: str) -> None:
+        self.error = self.error or f"{errno.errorcode.get(e.errno, '?')} ({e.strerror}) at {os.path.basename(path)}"
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        try:
+            super().makedirs(path, exist_ok=exist_ok)
+        except OSError as e:
+            self.keep(e, path)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        try:
+            with open(path, "wb") as f:  # a file object: a full disk raises OSError (ENOSPC)
+                torch.save(state_dict, f, _use_new_zipfile_serialization=self.zipfile_serialization)
+        except OSError as e:
+            self.keep(e, path)
+
+
+def keep_copy_errors(engine: Any) -> None:
+    """Rank 0's copy of zero_to_fp32.py, after its files, fails on a full disk too: kept alike. Wraps
+    `engine._copy_recovery_script`, a private DeepSpeed method another version may rename; `del
+    engine._copy_recovery_script` puts DeepSpeed's back."""
+    copy_scripts = engine._copy_recovery_script
+
+    def keep_copy_error(save_path: str) -> None:
+        try:
+            copy_scripts(save_path)
+        except OSError as e:
+            engine.checkpoint_engine.keep(e, e.filename or save_path)
+
+    engine._copy_recovery_script = keep_copy_error
 
 
 if __name__ == "__main__":
