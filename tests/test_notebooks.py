@@ -186,11 +186,12 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     held = passed_checks(nb)
     model = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["MODEL"]
     four_p = 4 * predict(model, 1).num_params
-    assert len(held) == 16 + 2 * (four_p >= 8 * 2**20), held  # the peaks' order and the script's mapped pages where
+    assert len(held) == 18 + 2 * (four_p >= 8 * 2**20), held  # the peaks' order and the script's mapped pages where
     # 4P >= 8 MiB
     assert any("equal the working weights: every route holds the weights it should" in line for line in held)
     assert any("zero_to_fp32.py's files are the split printed above, tensor for tensor" in line for line in held)
-    assert any("reloaded logits equal the engine's" in line for line in held)
+    assert any("routes 1, 2, 3b, 3c and 4: the reloaded logits equal the engine's" in line for line in held)
+    assert (runs / "run" / "route_1" / "config.json").exists() and (runs / "run" / "route_2" / "config.json").exists()
     assert sum("the ranks logged exactly the predicted collective bytes" in line for line in held) == 2
     assert json.loads((runs / "run_flag_off.json").read_text()) == {"returned": False, "files": []}
     assert (runs / "run" / "config.json").exists() and (runs / "script" / "config.json").exists()
@@ -199,6 +200,8 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     exported = {k: v for f in (runs / "route_4").glob("*.safetensors") for k, v in load_file(f).items()}
     masters = safe_load(runs / "route_3" / "pytorch_model.bin")
     assert exported and all(torch.equal(exported[k], masters[k]) for k in exported)
+    one = load_file(runs / "one_tensor.safetensors")  # section 3's one tensor, written by the export's steps
+    assert len(one) == 1 and all(torch.equal(t, masters[k]) for k, t in one.items())
     by_hand = {k: v for f in (runs / "by_hand").glob("*.safetensors") for k, v in load_file(f).items()}
     assert by_hand.keys() == exported.keys() and all(torch.equal(by_hand[k], masters[k]) for k in by_hand)
 
