@@ -319,8 +319,15 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                for line in held)
 
     ds_copy = runs / "ds_universal" / tag
+    assert (runs / "ds_universal" / "latest_universal").read_text().strip() == tag  # ds_to_universal's pointer
+    flags = dict(re.findall(r"^(as saved|universal): engine.load_universal_checkpoint\(\) (\w+)", "\n".join(log), re.M))
+    assert flags == {"as saved": "False", "universal": "True"}  # what each engine made of its config
+    returned = Path(re.search(r"^universal: .* load_checkpoint returned (\S+);", "\n".join(log), re.M)[1])
+    assert returned.parent.resolve() == ds_copy.resolve()  # without tag=: the tag latest_universal names
+    assert any(line.startswith("✓ its engines read it: load_universal_checkpoint() False") for line in held)
     for n in get("TARGET_NPROCS"):  # train --resume converted by itself on another world size: DeepSpeed's bytes
         if n != source:
+            assert not (runs / f"resumed_on_{n}" / "universal" / "latest_universal").exists()  # it passes tag=
             ours = read_manifest(runs / f"resumed_on_{n}" / "universal" / tag)
             assert all(sha256_file(ds_copy / e.path) == e.sha256 for e in ours.files)
             assert len(ours.files) == sum(p.is_file() for p in ds_copy.rglob("*"))
