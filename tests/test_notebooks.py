@@ -157,7 +157,7 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 03 checked bf16, the frozen saves and the three warm-start loads, on the files it wrote."""
     get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == 27, held
+    assert len(held) == 30, held
     assert any(f"got {get['LOAD_TAG']}'s weights exactly" in line for line in held)
     assert any("after it: on every rank every master is a bf16 value" in line for line in held)
     assert any("the recovery, the base model from its files" in line for line in held)
@@ -169,6 +169,11 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert all(m["bytes"] == 4 * predict("tiny", 1).num_params for t in trap for m in t["marks"]
                if m["what"] != "masters_read")  # the masters read: 4 bytes a padded element of every rank's slice
     assert all(m["bytes"] >= 4 * predict("tiny", 1).num_params for t in trap for m in t["marks"])
+    counters = json.loads((runs / "warm" / "counters.json").read_text())  # step counter and scheduler, per tag
+    assert [counters["tags"][t]["global_steps"] for t in ("older", "newer")] == [get["STEPS"], 2 * get["STEPS"]]
+    assert all(load["the whole checkpoint"]["counters"] == counters["tags"][tag] for load in loads)  # the default
+    assert all(load["load_module_only=True"]["counters"] == counters["fresh"] for load in loads)
+    assert any("the default load: on every rank the step counter and the scheduler are back" in line for line in held)
     started = [load["zero_to_fp32 + from_pretrained"] for load in loads]  # the warm start that works
     assert all(s[f"diff_{tag}"] == 0 and s["moment"] == 0 for s in started)
     assert sorted(p.name for p in (runs / "warm" / f"{tag}_fp32").iterdir()) == ["config.json", "pytorch_model.bin"]
