@@ -10,7 +10,7 @@ import torch
 
 from zckpt_nb.examples import faults
 from zckpt_nb.format.disk import PAGE
-from zckpt_nb.format.writer import BLOCK, DirectFile, Written, open_direct, write_hashed
+from zckpt_nb.format.writer import BLOCK, BLOCKS, DirectFile, Written, open_direct, write_hashed
 
 pytestmark = pytest.mark.fast  # make test-fast
 
@@ -29,6 +29,26 @@ def test_direct_file_writes_every_byte_and_hashes_them_whatever_the_size(size, t
     assert out.direct == direct
     assert path.read_bytes() == data and out.hexdigest() == hashlib.sha256(data).hexdigest()
     assert out.fsync_seconds > 0
+
+
+def test_a_closed_files_buffers_serve_the_next_file_and_never_two_open_files_at_once(tmp_path):
+    big, small = os.urandom(2 * BLOCK + 5), os.urandom(PAGE + 7)
+    with DirectFile(tmp_path / "big") as first:
+        first.write(big)
+        with DirectFile(tmp_path / "beside") as second:  # open while the first is: buffers of its own
+            assert not {id(b) for b in second.buffers} & {id(b) for b in first.buffers}
+            second.write(big)
+            held = [id(b) for b in second.buffers]
+    spare = [[id(b) for b in pair] for pair in BLOCKS.spare]
+    assert spare == [held]  # the first file closed kept its buffers; the second's were unmapped (keep=1)
+    with DirectFile(tmp_path / "small") as third:  # stale bytes sit in its buffers beyond `small`
+        assert [id(b) for b in third.buffers] in spare  # taken from the kept pairs, not mapped anew
+        third.write(small)
+    assert (tmp_path / "small").read_bytes() == small and third.hexdigest() == hashlib.sha256(small).hexdigest()
+    assert (tmp_path / "big").read_bytes() == big == (tmp_path / "beside").read_bytes()
+    assert len(BLOCKS.spare) <= BLOCKS.keep and third.buffers == []
+    with pytest.raises(IndexError):
+        third.write(b"late")  # after close: fails here, not in another file's bytes
 
 
 def test_torch_save_into_it_gives_torch_saves_own_bytes_without_crc_and_torch_load_reads_them(tmp_path):
@@ -74,3 +94,4 @@ def test_a_full_disk_raises_enospc_and_closes_the_file(tmp_path):
                 out.write(os.urandom(BLOCK // 2))
         assert raised.value.errno == errno.ENOSPC
         assert len(os.listdir("/proc/self/fd")) == open_fds
+        assert out.buffers == [] and len(BLOCKS.spare) <= BLOCKS.keep  # its buffers went back

@@ -1,6 +1,8 @@
 """The one hashing file writer: O_DIRECT blocks, SHA-256 on a thread beside the writer, fsync at close.
 
 By hand because Python's file objects cannot write O_DIRECT, and the page cache made durable saves CPU-bound here.
+A closed file's two block buffers serve the next file (`Blocks`): a conversion writing hundreds of files pays their
+page faults once, not once a file (docs/performance.md).
 `skip_crc32` turns off torch.save's per-record CRC-32, which the SHA-256 makes redundant (docs/save_stall.md).
 """
 
@@ -11,6 +13,7 @@ import fcntl
 import hashlib
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +25,35 @@ from zckpt_nb.errors import describe_error
 from zckpt_nb.format.disk import PAGE
 
 BLOCK = 8 * 2**20  # bytes per O_DIRECT write: a multiple of the page size, as O_DIRECT requires
+
+
+class Blocks:
+    """Pairs of page-aligned BLOCK buffers (anonymous maps), handed to a file and taken back at its close; at most
+    `keep` pairs wait for the next files (one: files written one after another hold no more than one file did)."""
+
+    def __init__(self, keep: int = 1) -> None:
+        self.keep, self.spare, self.lock = keep, [], threading.Lock()
+
+    def take(self) -> list[mmap.mmap]:
+        with self.lock:
+            if self.spare:
+                return self.spare.pop()
+        return [mmap.mmap(-1, BLOCK), mmap.mmap(-1, BLOCK)]
+
+    def give(self, buffers: list[mmap.mmap]) -> None:
+        """Keep `buffers` for the next file (no worker may still be writing from them), or drop them (unmapped once no
+        view of them is left)."""
+        with self.lock:
+            if len(self.spare) < self.keep:
+                self.spare.append(buffers)
+
+    def reset(self) -> None:
+        """Forget every pair (in a forked child: a lock held in the parent at the fork would stay held)."""
+        self.spare, self.lock = [], threading.Lock()
+
+
+BLOCKS = Blocks()
+os.register_at_fork(after_in_child=BLOCKS.reset)
 
 
 def skip_crc32() -> None:
@@ -36,7 +68,7 @@ class DirectFile:
 
     def __init__(self, path: str | Path) -> None:
         self.fd, self.direct = open_direct(path)
-        self.buffers = [mmap.mmap(-1, BLOCK), mmap.mmap(-1, BLOCK)]  # anonymous maps are page-aligned
+        self.buffers = BLOCKS.take()  # anonymous maps are page-aligned
         self.fill, self.written, self.sha, self.pending = 0, 0, hashlib.sha256(), None
         self.closed = False
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="zckpt-direct")
@@ -52,6 +84,8 @@ class DirectFile:
             self.closed = True
             self.worker.shutdown(wait=True)
             os.close(self.fd)
+            BLOCKS.give(self.buffers)
+            self.buffers = []  # another file's now: a write after close fails here, not in its bytes
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -116,6 +150,8 @@ class DirectFile:
         finally:
             self.worker.shutdown(wait=True)
             os.close(self.fd)
+            BLOCKS.give(self.buffers)
+            self.buffers = []  # another file's now: a write after close fails here, not in its bytes
 
     def hexdigest(self) -> str:
         return self.sha.hexdigest()
