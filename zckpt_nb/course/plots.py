@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator, StrMethodFormatter
+from matplotlib.ticker import StrMethodFormatter
 
 
 def caption(fig: Figure, text: str) -> Figure:
@@ -16,22 +16,6 @@ def caption(fig: Figure, text: str) -> Figure:
     fig.tight_layout()
     fig.text(0.01, -0.01, text, ha="left", va="top", wrap=True, fontsize=9)
     return fig
-
-
-def losses(curves: Mapping[str, Mapping[int, float]], *, title: str, note: str, ref: float | None = None,
-           ylabel: str = "training loss (nats per token)") -> Figure:
-    """Loss against optimizer step, one line per run (`{name: {step: loss}}`); the first drawn thick as the
-    reference, the others dashed over it; `ref`: a horizontal line such as ln(vocab)."""
-    fig, ax = plt.subplots(figsize=(7, 3.4))
-    for i, (name, by_step) in enumerate(curves.items()):
-        style = {"lw": 3, "alpha": 0.35} if i == 0 else {"lw": 1.2, "ls": "--", "marker": ".", "ms": 4}
-        ax.plot(list(by_step), list(by_step.values()), label=name, color=f"C{i}", **style)
-    if ref is not None:
-        ax.axhline(ref, color="grey", ls=":", label=f"ln(vocab) = {ref:.3f}")
-    ax.set(title=title, xlabel="optimizer step (count)", ylabel=ylabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes, never over a curve
-    return caption(fig, note)
 
 
 def rank_bars(values: Mapping[str, Sequence[float]], labels: Sequence[str], *, title: str, ylabel: str, note: str,
