@@ -82,10 +82,7 @@ class DirectFile:
             self.close()
         elif not self.closed:  # the save failed: stop the worker, close the descriptor, keep the first error
             self.closed = True
-            self.worker.shutdown(wait=True)
-            os.close(self.fd)
-            BLOCKS.give(self.buffers)
-            self.buffers = []  # another file's now: a write after close fails here, not in its bytes
+            self.release()
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -148,10 +145,14 @@ class DirectFile:
             os.fsync(self.fd)
             self.fsync_seconds += time.perf_counter() - start
         finally:
-            self.worker.shutdown(wait=True)
-            os.close(self.fd)
-            BLOCKS.give(self.buffers)
-            self.buffers = []  # another file's now: a write after close fails here, not in its bytes
+            self.release()
+
+    def release(self) -> None:
+        """Stop the worker (after its last block), close the descriptor, hand the buffers on to the next file."""
+        self.worker.shutdown(wait=True)
+        os.close(self.fd)
+        BLOCKS.give(self.buffers)
+        self.buffers = []  # another file's now: a write after close fails here, not in its bytes
 
     def hexdigest(self) -> str:
         return self.sha.hexdigest()
