@@ -127,8 +127,9 @@ def dcp_worker(sizes: list[int], root: Path, repeats: int) -> None:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, figures)
     if rank == 0:
-        print("DCP " + json.dumps(gathered))
+        print("DCP " + json.dumps(gathered), flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # skip the interpreter's teardown: there a gloo thread can, rarely, abort a finished rank
 
 
 def dcp_anchor(sizes: list[int], root: Path, repeats: int, timeout: float = 900) -> dict[str, float]:

@@ -12,6 +12,7 @@ part of zckpt_nb here. `torchrun --nproc_per_node 2 tests/foreign_dcp_writer.py 
 from __future__ import annotations
 
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -79,3 +80,5 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    sys.stdout.flush()
+    os._exit(0)  # skip the interpreter's teardown: there a gloo thread can, rarely, abort a finished rank (SIGABRT)
