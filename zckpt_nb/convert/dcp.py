@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.convert import export
 from zckpt_nb.convert.dcp_layout import (
     Layout,
     ModelNames,
@@ -51,13 +52,7 @@ M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD = -3, 128 << 10  # glibc's malloc.h; it
 @contextmanager
 def large_frees_returned() -> Iterator[None]:
     """Within: glibc returns freed blocks of 1 MiB or more to the kernel at once; after: its default, 128 KiB."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError):  # not glibc: its allocator has no such threshold to fix
-        mallopt = None
+    mallopt = getattr(meters.libc(), "mallopt", None)  # not glibc: its allocator has no such threshold to fix
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, 1 << 20)
     try:
@@ -65,15 +60,6 @@ def large_frees_returned() -> Iterator[None]:
     finally:
         if mallopt is not None:
             mallopt(M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD)
-
-
-def adam_state(optim: dict[str, Any], where: Path) -> tuple[dict[str, Any], Any]:
-    """The AdamW param group (without its params) and the step from DeepSpeed's optimizer state dict."""
-    groups, state = optim["optimizer_state_dict"]["param_groups"], optim["optimizer_state_dict"]["state"]
-    if len(groups) != 1:
-        raise CheckpointError(f"{where} has {len(groups)} optimizer parameter groups; to-dcp converts one")
-    group = {k: v for k, v in groups[0].items() if k != "params"}
-    return group, next(iter(state.values()))["step"].clone()
 
 
 class Source:
@@ -86,11 +72,14 @@ class Source:
         self.shapes = {name: shape for group in self.states["param_shapes"] for name, shape in group.items()}
 
     def adam(self) -> tuple[dict[str, Any], Any]:
-        """The AdamW param group and step."""
-        optim = self.folder / "zero" / "optimizer_state.pt"
-        if self.universal:
-            return adam_state(load(optim, mmap=True), optim)
-        return adam_state(self.shards.optimizer(), self.shards.optims.paths[0])
+        """The AdamW param group (without its params) and the step, from DeepSpeed's optimizer state dict."""
+        where = self.folder / "zero" / "optimizer_state.pt" if self.universal else self.shards.optims.paths[0]
+        optim = (load(where, mmap=True) if self.universal else self.shards.optimizer())["optimizer_state_dict"]
+        if len(optim["param_groups"]) != 1:
+            raise CheckpointError(f"{where} has {len(optim['param_groups'])} optimizer parameter groups; to-dcp "
+                                  "converts one")
+        group = {k: v for k, v in optim["param_groups"][0].items() if k != "params"}
+        return group, next(iter(optim["state"].values()))["step"].clone()
 
     def read(self, name: str, kind: str) -> Any:
         """Parameter `name`'s `kind` (fp32 weights or a moment), whole, in a storage of its own."""
@@ -232,19 +221,6 @@ def plain_source(folder: Path, manifest: Manifest) -> Source | None:
     return source
 
 
-def config_beside(ckpt_dir: Path) -> Any:
-    """The transformers config in `ckpt_dir/config.json`, or None where there is none."""
-    from transformers import AutoConfig
-
-    if not (ckpt_dir / "config.json").is_file():
-        return None
-    try:
-        return AutoConfig.from_pretrained(str(ckpt_dir))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read the model's config from {ckpt_dir / 'config.json'}: {first_line(e)}") \
-            from None
-
-
 def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple[Source, dict[str, Any], Any]:
     """The source to-dcp reads (rank files or universal copy), its facts, and the rank files' hash check."""
     reuse = route == UNIVERSAL_COPY or (route is None and reusable(ckpt_dir, tag) is not None)
@@ -294,7 +270,8 @@ def to_dcp(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None,
     tag = tag or newest_committed(ckpt_dir, "converting to DCP")
     with ThreadPoolExecutor(max_workers=1) as pool:
         source, facts, check = open_source(ckpt_dir, tag, route, pool)
-        check_frozen_kept(source.states, lambda: config_beside(ckpt_dir), set(source.states["module"]), ckpt_dir / tag)
+        beside = (lambda: export.model_config(ckpt_dir)) if (ckpt_dir / "config.json").is_file() else lambda: None
+        check_frozen_kept(source.states, beside, set(source.states["module"]), ckpt_dir / tag)
         with staged(out) as tmp:
             try:
                 cost, digests = write_dcp(source, tmp)
@@ -380,43 +357,29 @@ def check_metadata(metadata: Any, folder: Path) -> None:
             raise ValueError(f"it gives {fqn!r} a shape of {tuple(item.size)}, more than the files hold")
 
 
-def verified_reader(folder: Path, metadata: Any) -> Any:
-    """DCP's FileSystemReader for `folder`, handing DCP the `metadata` `dcp_metadata` read and checked."""
-    from torch.distributed.checkpoint import FileSystemReader
+def read_dcp(folder: Path, keys: dict[str, Any], no_dist: bool = True) -> dict[str, Any]:
+    """Load `keys` (fqn -> empty tensor) from DCP folder `folder` running no code from it: metadata checked first."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    class VerifiedReader(FileSystemReader):
+    class VerifiedReader(dcp.FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
             metadata.storage_meta.load_id = self.load_id  # as DCP's own reader does
             return metadata
 
-    return VerifiedReader(folder)
-
-
-def weights_only_planner() -> Any:
-    """DCP's DefaultLoadPlanner that unpickles each byte item weights-only before DCP's own weights_only=False."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
-    class WeightsOnlyPlanner(DefaultLoadPlanner):
+    class WeightsOnlyPlanner(dcp.DefaultLoadPlanner):  # before DCP's own unpickling, with weights_only=False
         def load_bytes(self, read_item: Any, value: Any) -> None:
             load(value, name=f"item {read_item.dest_index.fqn!r} of a DCP checkpoint")
             value.seek(0)
             super().load_bytes(read_item, value)
 
-    return WeightsOnlyPlanner()
-
-
-def read_dcp(folder: Path, keys: dict[str, Any], no_dist: bool = True) -> dict[str, Any]:
-    """Load `keys` (fqn -> empty tensor or placeholder) from DCP folder `folder`, running no code from it."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     try:
-        reader = verified_reader(folder, dcp_metadata(folder))  # refused here, before DCP's own machinery runs
-        dcp.load(keys, storage_reader=reader, planner=weights_only_planner(), no_dist=no_dist)
+        metadata = dcp_metadata(folder)  # refused here, before DCP's own machinery runs
+        dcp.load(keys, storage_reader=VerifiedReader(folder), planner=WeightsOnlyPlanner(), no_dist=no_dist)
     except dcp.CheckpointException as error:
         cause = dcp_cause(error)
         if isinstance(cause, CheckpointError | OSError):
@@ -455,17 +418,6 @@ def dcp_manifest(folder: Path) -> Manifest | None:
                           f"last) nor {MANIFEST}; name the folder dcp.save wrote{hint}")
 
 
-def open_dcp(folder: Path, manifest: Manifest | None, names: ModelNames, step: int | None) -> DcpSource:
-    """Find the checkpoint's layout and read its param group, scheduler, train state and step (`--step`: `step`)."""
-    metadata = dcp_metadata(folder)
-    layout = find_layout(folder, metadata.state_dict_metadata, names)
-    values = read_dcp(folder, global_keys(metadata.state_dict_metadata, layout))
-    saved = saved_step(folder, values)
-    step = resolve_step(folder, manifest.step if saved is None and manifest else saved, step)
-    world = manifest.source_world_size if manifest and manifest.source_world_size else source_ranks(metadata)
-    return DcpSource(folder, manifest, names, layout, param_group(folder, values, layout, names), values, step, world)
-
-
 def param_batches(params: dict[str, tuple[int, ...]]) -> list[list[str]]:
     """The parameters in order, in groups whose fp32 state stays within the largest parameter's (one dcp.load each)."""
     limit, groups, size = 12 * max(math.prod(s) for s in params.values()), [[]], 0
@@ -489,27 +441,22 @@ def read_params(source: DcpSource, names: list[str]) -> dict[str, Any]:
     return read_dcp(source.folder, keys)
 
 
-def write_params(source: DcpSource, zero: Path, names: list[str], got: dict[str, Any],
-                 digests: dict[str, str]) -> list[Any]:
-    """Write `got`'s tensors into zero/<name>/ as ds_to_universal does, hashes into `digests`; their steps."""
-    at = source.layout
-    for name in names:
-        (zero / name).mkdir(parents=True)
-        for kind, key in ((WEIGHTS, at.weight(name)), *((m, at.state(name, m)) for m in MOMENTS)):
-            path = zero / name / f"{kind}.pt"
-            digests[str(path.relative_to(zero.parent))] = save(got.pop(key).flatten(), path)  # popped: freed
-    return [got[at.state(name, "step")] for name in names]
-
-
 def written_params(source: DcpSource, zero: Path, digests: dict[str, str]) -> list[Any]:
-    """Every parameter written into zero/, the next batch read in a thread while one is written; their Adam steps."""
+    """Every parameter into zero/<name>/ as ds_to_universal writes it (next batch read meanwhile); Adam's steps."""
     from zckpt_nb.convert.prefetch import Prefetch
 
-    batches = param_batches(source.names.params)
+    at, batches, steps = source.layout, param_batches(source.names.params), []
     reader = Prefetch(lambda names: read_params(source, names), map(tuple, batches))
     try:
-        return [s for names in batches
-                for s in write_params(source, zero, names, reader.get(tuple(names)), digests)]
+        for names in batches:
+            got = reader.get(tuple(names))
+            for name in names:
+                (zero / name).mkdir(parents=True)
+                for kind, key in ((WEIGHTS, at.weight(name)), *((m, at.state(name, m)) for m in MOMENTS)):
+                    path = zero / name / f"{kind}.pt"
+                    digests[str(path.relative_to(zero.parent))] = save(got.pop(key).flatten(), path)  # popped: freed
+                steps.append(got[at.state(name, "step")])
+        return steps
     finally:
         reader.close()
 
@@ -547,7 +494,13 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str, step: int | 
     manifest = dcp_manifest(folder)
     check_output(out)
     hf_config = model_config(config)  # a bad --config: now
-    source = open_dcp(folder, manifest, model_names(on_meta(hf_config)), step)
+    names, metadata = model_names(on_meta(hf_config)), dcp_metadata(folder)
+    layout = find_layout(folder, metadata.state_dict_metadata, names)  # then its param group, scheduler, train state
+    values = read_dcp(folder, global_keys(metadata.state_dict_metadata, layout))
+    saved = saved_step(folder, values)
+    step = resolve_step(folder, manifest.step if saved is None and manifest else saved, step)
+    world = manifest.source_world_size if manifest and manifest.source_world_size else source_ranks(metadata)
+    source = DcpSource(folder, manifest, names, layout, param_group(folder, values, layout, names), values, step, world)
     with staged(out) as tmp:
         tag = write_zero(tmp, source, hf_config)
     return read_manifest(universal_dir(out, tag))

@@ -14,7 +14,7 @@ from typing import Any
 
 from zckpt_nb.convert.model_card import run_facts, write_card
 from zckpt_nb.convert.peft_export import is_peft, write_peft
-from zckpt_nb.convert.safeload import check_files, load
+from zckpt_nb.convert.safeload import check_files
 from zckpt_nb.convert.streaming import lazy_state_dict, write_weights
 from zckpt_nb.convert.verify import check_output, newest_committed
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
@@ -129,9 +129,7 @@ def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size:
         write_weights(ckpt_dir, tag, lazy, config, dest, max_shard_size, check=not built_here)
     tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
         if (ckpt_dir / "tokenizer.json").is_file() else None
-    # the data-parallel world size DeepSpeed recorded in rank 0's model-states file (read weights-only)
-    world_size = int(load(ckpt_dir / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt", mmap=True)["dp_world_size"])
-    facts = run_facts(ckpt_dir, manifest, config, tensors, tokenizer, world_size) | {"adapter": peft and not merge}
+    facts = run_facts(ckpt_dir, manifest, config, tensors, tokenizer) | {"adapter": peft and not merge}
     write_card(dest, facts, name)
     # the modes of any save under this umask (0755/0644 under 022): safetensors creates its files 0600, private
     mask = umask()

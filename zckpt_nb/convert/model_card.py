@@ -33,8 +33,8 @@ def read_log(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def run_facts(ckpt_dir: Path, manifest: Manifest, config: Any, tensors: dict[str, Any], tokenizer: Any,
-              world_size: int) -> dict[str, Any]:
+def run_facts(ckpt_dir: Path, manifest: Manifest, config: Any, tensors: dict[str, Any],
+              tokenizer: Any) -> dict[str, Any]:
     """What the card states, each looked up in the checkpoint, manifest, training log or exported objects."""
     import transformers
 
@@ -48,7 +48,7 @@ def run_facts(ckpt_dir: Path, manifest: Manifest, config: Any, tensors: dict[str
         "tied": bool(getattr(config, "tie_word_embeddings", False)) and not any(
             name.endswith("lm_head.weight") for name in tensors),
         "parameters": sum(t.shape.numel() for t in tensors.values()),  # as written: a tied head once
-        "steps": step, "loss": loss, "loss_source": loss_source, "world_size": world_size, "tag": manifest.tag,
+        "steps": step, "loss": loss, "loss_source": loss_source, "world_size": manifest.world_size, "tag": manifest.tag,
         "manifest_sha256": sha256_file(ckpt_dir / manifest.tag / MANIFEST),
         "vocab_size": config.vocab_size, "tokenizer_entries": entries,
         "unused_ids_decode_to": entries and tokenizer.decode(list(range(entries, config.vocab_size))),
@@ -142,12 +142,12 @@ def fact_rows(facts: dict[str, Any]) -> str:
     return "\n".join(f"| {name} | {value} |" for name, value in rows if value is not None)
 
 
-def card_text(facts: dict[str, Any], model_dir_name: str) -> str:
-    """The card: Hub front matter, the checkpoint's facts, how to load it."""
+def write_card(dest: Path, facts: dict[str, Any], model_dir_name: str) -> None:
+    """Write the card into the export folder `dest`: Hub front matter, the checkpoint's facts, how to load it."""
     from importlib.metadata import metadata
 
     license_id = str(metadata("zckpt_nb").get("License-Expression") or "other").lower()  # as the Hub spells it
-    return f"""---
+    (dest / CARD).write_text(f"""---
 library_name: {'peft' if facts['adapter'] else 'transformers'}
 pipeline_tag: text-generation
 license: {license_id}
@@ -172,11 +172,4 @@ tags:
 
 Prompt plus new tokens must fit in {facts['context']} tokens. Written by transformers {facts['transformers']}. No
 DeepSpeed is needed.
-"""
-
-
-def write_card(dest: Path, facts: dict[str, Any], model_dir_name: str) -> Path:
-    """Write the card into the export folder `dest`."""
-    path = dest / CARD
-    path.write_text(card_text(facts, model_dir_name), encoding="utf-8")
-    return path
+""", encoding="utf-8")

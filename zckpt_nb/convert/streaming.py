@@ -23,6 +23,7 @@ from zckpt_nb.convert.zero_shards import check_frozen_kept
 from zckpt_nb.errors import UsageError, first_line
 from zckpt_nb.format.disk import PAGE
 from zckpt_nb.format.units import listed
+from zckpt_nb.measure.meters import libc
 from zckpt_nb.model import on_meta
 
 WEIGHTS_PATTERN = "model{suffix}.safetensors"  # transformers' names: model.safetensors, model-00001-of-00003...
@@ -33,7 +34,6 @@ SAFETENSORS_DTYPES = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfl
 STEP = 2**20  # bytes written, then released from memory, at a time
 AROUND = 2**20  # pages either side of a written range also released (the kernel maps some around each fault)
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
-LIBC = ctypes.CDLL(None)  # this process's C library (madvise), loaded once: drop_pages runs for every MiB written
 
 
 def lazy_state_dict(ckpt_dir: Path, tag: str) -> dict[str, Any]:
@@ -89,14 +89,6 @@ def check_names(model: Any, tensors: dict[str, Any], needed: set[str], fix: str)
                              "pass the config the model was trained with (--config)")
 
 
-def plan_shards(tensors: dict[str, Any], max_shard_size: int) -> Any:
-    """huggingface_hub's split of `tensors` into shards of at most `max_shard_size` bytes, from shapes alone."""
-    from huggingface_hub import split_state_dict_into_shards_factory
-
-    return split_state_dict_into_shards_factory(tensors, get_storage_size=lambda t: t.shape.numel() * t.dtype.itemsize,
-                                                filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_size)
-
-
 def rank_slices(t: Any) -> Iterator[Any]:
     """The 1-D views whose concatenation is `t` (a GatheredTensor's rank slices, in order), nothing copied."""
     from deepspeed.utils.zero_to_fp32 import GatheredTensor
@@ -139,18 +131,14 @@ class MappedFiles:
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
                 self.ranges.append((lo, hi))
 
-    def containing(self, start: int, stop: int) -> tuple[int, int] | None:
-        """The file mapping that holds [start, stop), or None."""
-        return next(((lo, hi) for lo, hi in self.ranges if lo <= start and stop <= hi), None)
-
 
 def drop_pages(start: int, stop: int, mapped: MappedFiles) -> None:
     """Release the file-backed pages of [start, stop), AROUND bytes either side, from this process's memory."""
-    if (mapping := mapped.containing(start, stop)) is None:
+    if (mapping := next(((lo, hi) for lo, hi in mapped.ranges if lo <= start and stop <= hi), None)) is None:
         return
     lo = max(mapping[0], start // PAGE * PAGE - AROUND)
     hi = min(mapping[1], -(-stop // PAGE) * PAGE + AROUND)
-    LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED)
+    libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED)
 
 
 def write_safetensors(path: Path, tensors: dict[str, Any], mapped: MappedFiles) -> None:
@@ -167,8 +155,12 @@ def write_safetensors(path: Path, tensors: dict[str, Any], mapped: MappedFiles) 
                     drop_pages(base + i, base + min(i + STEP, len(data)), mapped)
 
 
-def write_shards(tensors: dict[str, Any], plan: Any, dest: Path) -> None:
-    """Write every shard of `plan`; the index when there is more than one."""
+def write_shards(tensors: dict[str, Any], max_shard_size: int, dest: Path) -> None:
+    """`tensors` in shards of at most `max_shard_size` bytes (huggingface_hub's split); an index if several."""
+    from huggingface_hub import split_state_dict_into_shards_factory
+
+    plan = split_state_dict_into_shards_factory(tensors, get_storage_size=lambda t: t.shape.numel() * t.dtype.itemsize,
+                                                filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_size)
     mapped = MappedFiles()
     for filename, names in plan.filename_to_tensors.items():
         write_safetensors(dest / filename, {n: tensors[n] for n in names}, mapped)
@@ -188,7 +180,7 @@ def write_weights(ckpt_dir: Path, tag: str, lazy: dict[str, Any], config: Any, d
                       ckpt_dir / tag)
     tensors = stored_names(lazy)
     check_shapes(config, tensors, build=check)
-    write_shards(tensors, plan_shards(tensors, max_shard_size), dest)
+    write_shards(tensors, max_shard_size, dest)
     # what save_pretrained records: the class that loads the weights, and their dtype (fp32 master weights)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     config.dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")

@@ -25,17 +25,12 @@ from zckpt_nb.format.manifest import FileEntry, Manifest, read_manifest, sha256_
 from zckpt_nb.format.units import listed, noun
 
 
-def inside(folder: Path, name: str, nested: bool) -> bool:
-    """`name` is a relative path to a file in `folder` (or, with `nested`, below it) that resolves there too."""
-    if not nested:
-        return is_plain_name(name) and (folder / name).resolve().parent == folder.resolve()
-    return folder.resolve() in (folder / name).resolve().parents
-
-
 def check_paths(folder: Path, entries: list[FileEntry], manifest: Path, nested: bool = False) -> None:
-    """Every entry names a file in `folder`: no path or symlink leading out of it."""
+    """Every entry names a file in `folder` (`nested`: below it) that resolves there: no path or symlink leading out."""
+    root = folder.resolve()
     for entry in entries:
-        if not inside(folder, entry.path, nested):
+        if not (root in (folder / entry.path).resolve().parents if nested else
+                is_plain_name(entry.path) and (folder / entry.path).resolve().parent == root):
             raise CheckpointError(f"{manifest} names {entry.path!r}, which is not a file of {folder} (a path or a "
                                   "symlink leading out); refusing the checkpoint: restore its files or save it again")
 

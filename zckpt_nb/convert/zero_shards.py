@@ -61,20 +61,16 @@ def own_storage(tensor: Any) -> Any:
     return tensor if tensor.untyped_storage().nbytes() == tensor.nbytes else tensor.clone()
 
 
-def largest_state(states: dict[str, Any]) -> int:
-    """The largest parameter's fp32 state in bytes (weights and both moments; a frozen one's weights only)."""
-    trainable = max(int(s.numel()) for group in states["param_shapes"] for s in group.values())
-    frozen = max((int(s.numel()) for s in (states.get("frozen_param_shapes") or {}).values()), default=0)
-    return 4 * max(3 * trainable, frozen)
-
-
 class ShardReader:
     """One parameter's fp32 weights or Adam moment, gathered from every rank's partition of a ZeRO-3 tag folder."""
 
     def __init__(self, folder: Path, names: list[str] | None = None) -> None:
         ranks = shard_paths(folder, names)  # the manifest's rank files, where there is one
         self.states = load(ranks[0]["model"], mmap=True)  # rank 0's model states, read once: names, shapes, ties
-        self.unit = largest_state(self.states)
+        # the largest parameter's fp32 state in bytes (weights and both moments; a frozen one's weights only)
+        trainable = max(int(s.numel()) for group in self.states["param_shapes"] for s in group.values())
+        frozen = max((int(s.numel()) for s in (self.states.get("frozen_param_shapes") or {}).values()), default=0)
+        self.unit = 4 * max(3 * trainable, frozen)
         self.models = MappedFiles([ranks[r]["model"] for r in sorted(ranks)], self.unit // 2)
         self.models.loaded[0] = self.states
         self.optims = MappedFiles([ranks[r]["optim"] for r in sorted(ranks)], self.unit // 2) \

@@ -31,22 +31,19 @@ class _MallInfo2(ctypes.Structure):
 
 
 @cache
-def _libc() -> Any:
-    """glibc with `mallinfo2` (2.33+), or None elsewhere."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        return libc
-    except (OSError, AttributeError):
-        return None
+def libc() -> Any:
+    """This process's C library (`madvise`; glibc's `mallopt`, and `mallinfo2` from 2.33), loaded once."""
+    lib = ctypes.CDLL(None)
+    if hasattr(lib, "mallinfo2"):
+        lib.mallinfo2.restype = _MallInfo2
+    return lib
 
 
 def heap_in_use() -> int | None:
     """Bytes malloc has handed out and not freed, over all arenas (glibc `mallinfo2`); None off glibc."""
-    libc = _libc()
-    if libc is None:
+    if not hasattr(libc(), "mallinfo2"):
         return None
-    info = libc.mallinfo2()
+    info = libc().mallinfo2()
     return int(info.uordblks + info.hblkhd)  # small chunks in use + large chunks malloc mmap()ed
 
 
@@ -79,14 +76,10 @@ def host_peak_bytes() -> int:
 class HostMemory:
     """Peak RSS and peak live heap bytes of this process while a block runs."""
 
-    def __init__(self, interval: float = 0.05, finest: float = 0.001) -> None:
+    def __init__(self) -> None:
         import psutil
 
-        self._proc, self._interval, self._stop = psutil.Process(), interval, threading.Event()
-        self._finest = finest
-        self.baseline_rss = self.peak_rss = 0
-        self.baseline_heap = self.peak_heap = heap_in_use()
-        self._kernel_peak = False
+        self._proc, self._stop = psutil.Process(), threading.Event()  # the figures: set on entering the block
 
     def _sample(self) -> None:
         heap = heap_in_use()
@@ -95,9 +88,9 @@ class HostMemory:
         if not self._kernel_peak:
             self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
 
-    def _run(self) -> None:  # the heap has no high-water mark, so sample finely first, then each tenth of the time
+    def _run(self) -> None:  # the heap has no high-water mark: sample every ms first, then each tenth of the time
         start = time.perf_counter()
-        while not self._stop.wait(min(self._interval, max(self._finest, (time.perf_counter() - start) / 10))):
+        while not self._stop.wait(min(0.05, max(0.001, (time.perf_counter() - start) / 10))):
             self._sample()
 
     def __enter__(self) -> HostMemory:
@@ -114,10 +107,6 @@ class HostMemory:
         self._sample()
         if self._kernel_peak:
             self.peak_rss = max(self.peak_rss, rss_high_water() or 0)
-
-    @property
-    def heap_extra(self) -> int | None:
-        return None if self.baseline_heap is None else int(self.peak_heap - self.baseline_heap)
 
 
 def pinned_host_bytes() -> int:
@@ -198,7 +187,8 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
                     extra_peak_bytes=int(host.peak_rss - host.baseline_rss),
                     bytes_written=sum(sizes.values()),
                     comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
-                    heap_extra_peak_bytes=host.heap_extra, cuda_peak_bytes=int(gpu.peak) if on_gpu else None,
+                    heap_extra_peak_bytes=None if host.baseline_heap is None else host.peak_heap - host.baseline_heap,
+                    cuda_peak_bytes=int(gpu.peak) if on_gpu else None,
                     cuda_extra_peak_bytes=int(gpu.peak - gpu.baseline) if on_gpu else None,
                     pinned_host_bytes=pinned_host_bytes() if on_gpu else None,
                     bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in sizes],

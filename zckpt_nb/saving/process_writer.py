@@ -7,7 +7,6 @@ It holds no collective and dies with its rank (docs/commit_protocol.md).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import signal
@@ -18,6 +17,7 @@ from typing import Any
 
 from zckpt_nb.format.sizes import tensors_in
 from zckpt_nb.format.writer import Written, write_hashed
+from zckpt_nb.measure.meters import libc
 from zckpt_nb.saving.snapshot import Staging, host_copy
 
 POLL_S = 1.0  # how often each side looks whether the other is still alive
@@ -27,7 +27,7 @@ PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere)."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
