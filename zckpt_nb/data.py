@@ -57,9 +57,7 @@ def global_batch_for_step(tokens: Any, *, step: int, seed: int, global_batch: in
 
 def rank_share(global_batch: int, world_size: int, rank: int) -> range:
     """Indices of the global batch that rank `rank` trains on: contiguous, sizes differ by at most one."""
-    base, extra = divmod(global_batch, world_size)
-    start = rank * base + min(rank, extra)
-    return range(start, start + base + (rank < extra))
+    return micro_steps(range(global_batch), world_size)[rank]
 
 
 def micro_steps(share: range, steps: int) -> list[range]:

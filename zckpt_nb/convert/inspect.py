@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import verify_folder, verify_tag
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, is_plain_name, latest_name
+from zckpt_nb.format.records import Record
 from zckpt_nb.format.sizes import exact_ratio, tensors_in
 
 
@@ -29,7 +30,7 @@ class RankShard:
 
 
 @dataclass
-class CheckpointInfo:
+class CheckpointInfo(Record):
     """A whole partitioned checkpoint: P, N and every rank's shard."""
 
     ckpt_dir: str
@@ -41,9 +42,6 @@ class CheckpointInfo:
     status: str = "committed by zckpt_nb"  # or adopted, or not committed (no manifest: its files unverified)
     frozen_params: int = 0  # elements of frozen parameters, whole in each rank's model states
     frozen_excluded: bool = False  # saved with exclude_frozen_parameters=True: the frozen weights are not in it
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def excludes_frozen(states: dict[str, Any]) -> bool:

@@ -17,13 +17,13 @@ from typing import Any
 
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import atomic_write, fsync_dir, read_json
-from zckpt_nb.format.layout import MANIFEST, SHARED_FILES
+from zckpt_nb.format.layout import DCP_KIND, EXPORT_KIND, MANIFEST, SHARED_FILES, UNIVERSAL
 
 FORMAT, VERSION = "zckpt-manifest/", 1  # the one version field: "zckpt-manifest/1"
 MAX_BYTES = 16 << 20  # a manifest larger than this is refused before it is read (about 100,000 files)
 MAX_FILE_BYTES = 1 << 50  # no file of a checkpoint is larger (1 PiB): a bigger size is a damaged entry
 SHA256 = re.compile(r"[0-9a-f]{64}")
-KINDS = (None, "universal", "dcp", "export")  # a save's tag folder, DeepSpeed's universal copy, convert.dcp, export
+KINDS = (None, UNIVERSAL, DCP_KIND, EXPORT_KIND)  # a save's tag folder, DeepSpeed's universal copy, convert.dcp, export
 
 
 @dataclass(frozen=True)

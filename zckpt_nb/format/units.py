@@ -29,9 +29,9 @@ def secs(seconds: float) -> str:
     return f"{seconds:.2f}" if seconds < 10 else f"{seconds:.1f}"
 
 
-def noun(n: int, word: str, plural: str | None = None) -> str:
+def noun(n: int, word: str) -> str:
     """The noun in the number `n` takes, without `n`: noun(1, "rank") is 'rank', noun(3, "shard") 'shards'."""
-    return word if n == 1 else plural or word + "s"
+    return word if n == 1 else word + "s"
 
 
 def listed(names: list, shown: int = 3) -> str:
@@ -40,6 +40,6 @@ def listed(names: list, shown: int = 3) -> str:
     return ", ".join(map(str, names[:shown])) + more
 
 
-def counted(n: int, word: str, plural: str | None = None) -> str:
+def counted(n: int, word: str) -> str:
     """`n` and the noun in the number it takes: counted(1, "rank") is '1 rank', counted(3, "shard") '3 shards'."""
-    return f"{n:,} {noun(n, word, plural)}"
+    return f"{n:,} {noun(n, word)}"

@@ -6,9 +6,9 @@ The formulas, each with the DeepSpeed function it follows, are in docs/cost_mode
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
+from zckpt_nb.format.records import Record
 from zckpt_nb.format.sizes import ADAM_STATES, FP32, fixed_tensor_bytes, padding, slice_numel
 from zckpt_nb.model import PRESETS, ds_config, meta_model
 from zckpt_nb.plan.files import module_file_bytes, package_client
@@ -42,7 +42,7 @@ def persistent(numels: tuple[int, ...], threshold: int) -> tuple[int, ...]:
 
 def gather_bytes(numels: tuple[int, ...], n: int, dtype_bytes: int) -> int:
     """What DeepSpeed's comms logger records on each rank for all-gathering these tensors: the slices sent."""
-    return sum(math.ceil(k / n) * dtype_bytes for k in numels)
+    return slice_numel(numels, n) * dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class SaveCost:
 
 
 @dataclass(frozen=True)
-class Prediction:
+class Prediction(Record):
     """What the cost model says about one preset or config on N ranks (every figure per rank unless named)."""
 
     model: str
@@ -98,9 +98,6 @@ class Prediction:
     tag_check_bytes: int
     regather_bytes: int  # the partitioned save's epilogue gathers the persistent tensors again
     saves: dict[str, SaveCost]  # by route: partitioned, gathered16, per_param, offline, hf
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def nonzero(ops: dict[str, int]) -> dict[str, int]:

@@ -56,6 +56,8 @@ def package_client(config: dict[str, Any], n: int, step: int, seed: int) -> dict
 
 def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> dict[str, Any]:
     """The model-states file's content as DeepSpeed writes it under ZeRO-3, tensors empty."""
+    import deepspeed
+
     batch = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * n  # DeepSpeed's
     shapes = OrderedDict((k, getattr(p, "ds_shape", p.shape)) for k, p in model.named_parameters())
     return {"module": placeholders(model), "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
@@ -64,11 +66,12 @@ def model_states(model: Any, n: int, config: dict[str, Any], step: int, client: 
             "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
             "global_samples": step * batch, "dp_world_size": n, "mp_world_size": 1,
             "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1}, "ds_config": config,
-            "ds_version": deepspeed_version(), **client}
+            "ds_version": deepspeed.__version__, **client}
 
 
 def optim_states(n: int, config: dict[str, Any]) -> dict[str, Any]:
     """The optimizer-states file's content as DeepSpeed's ZeRO-3 `state_dict` writes it, tensors empty."""
+    import deepspeed
     import torch
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
@@ -80,14 +83,7 @@ def optim_states(n: int, config: dict[str, Any]) -> dict[str, Any]:
     return {"optimizer_state_dict": {"zero_stage": ZeroStageEnum.weights, "loss_scaler": LossScaler(1.0),
                                      "dynamic_loss_scale": False, "overflow": False, "partition_count": n,
                                      "optimizer_state_dict": inner, "fp32_flat_groups": [torch.empty(0)]},
-            "ds_config": config, "ds_version": deepspeed_version()}
-
-
-def deepspeed_version() -> str:
-    """The DeepSpeed version string the files record."""
-    import deepspeed
-
-    return deepspeed.__version__
+            "ds_config": config, "ds_version": deepspeed.__version__}
 
 
 def module_file_bytes(model: Any, n: int, config: dict[str, Any], step: int, client: dict[str, Any]) -> int:

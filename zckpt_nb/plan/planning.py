@@ -32,11 +32,6 @@ class Bandwidths:
             raise UsageError("bandwidths must be positive GB/s figures, the step latency and the cost per file at "
                              f"least 0 (got {bad})")
 
-    def unit_seconds(self) -> dict[str, float]:
-        """Seconds per unit of each kind of work: a byte written, read, received; a ring step; a rank file opened."""
-        return {"write": 1 / (self.write_gbps * GB), "read": 1 / (self.read_gbps * GB),
-                "net": 1 / (self.net_gbps * GB), "steps": self.step_latency_us * 1e-6, "files": self.file_ms * 1e-3}
-
 
 def wire_bytes(ops: dict[str, int], n: int) -> float:
     """Bytes one rank receives over a route's collectives (ring algorithms), from the bytes DeepSpeed logs per op."""
@@ -65,7 +60,9 @@ def work(pred: Prediction, route: str) -> dict[str, float]:
 
 def time_terms(pred: Prediction, bw: Bandwidths) -> dict[str, dict[str, float]]:
     """Per route, rank 0's seconds by kind of work (terms of 0 s left out)."""
-    unit = bw.unit_seconds()
+    # seconds per unit of each kind: a byte written, read, received; a ring step; a rank file opened
+    unit = {"write": 1 / (bw.write_gbps * GB), "read": 1 / (bw.read_gbps * GB), "net": 1 / (bw.net_gbps * GB),
+            "steps": bw.step_latency_us * 1e-6, "files": bw.file_ms * 1e-3}
     return {route: {k: v * unit[k] for k, v in work(pred, route).items() if v * unit[k]} for route in pred.saves}
 
 

@@ -5,11 +5,11 @@ worker's argparse are derived from the same fields (help and choices in each fie
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from zckpt_nb.errors import UsageError
-from zckpt_nb.format.records import SaveMode
+from zckpt_nb.format.records import Record, SaveMode
 from zckpt_nb.model import PRESETS
 from zckpt_nb.saving.collective import timeout_seconds
 
@@ -20,7 +20,7 @@ def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> A
 
 
 @dataclass
-class TrainOptions:
+class TrainOptions(Record):
     """Everything the worker (`python -m zckpt_nb.train`) takes; `launch(**options)` and `train --flag` alike."""
 
     output_dir: str = option(MISSING, "where checkpoints and run.json go")
@@ -120,9 +120,6 @@ class TrainOptions:
                 continue
             flags += [f"--{f.name}"] + ([] if value is True else [str(value)])
         return flags
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def timeout_seconds(self) -> float:
         """Seconds a collective may wait: `collective_timeout`, else $ZCKPT_COLLECTIVE_TIMEOUT, else 600."""
