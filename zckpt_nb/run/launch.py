@@ -17,6 +17,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,6 @@ def worker_env(nproc: int, placement: Placement | None = None) -> dict[str, str]
     return env
 
 
-def torchrun_command(module: str, args: list[str], nproc: int, log_dir: str, nodes: Nodes = ONE_NODE) -> list[str]:
-    """The torchrun command line for this node; `--tee 3` makes it prefix every line with the local rank."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            *nodes.torchrun_flags(free_port()), "--tee", "3", "--log-dir", log_dir, "-m", module, *args]
-
-
 def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """Terminate the launcher and every process below it; SIGKILL whatever outlives `grace` seconds."""
     import psutil
@@ -119,16 +114,12 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     except psutil.NoSuchProcess:
         procs = []
     for p in procs:
-        try:
+        with suppress(psutil.NoSuchProcess):  # gone meanwhile
             p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for p in alive:
-        try:
+        with suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     proc.wait()
 
 
@@ -212,9 +203,11 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
     shown = Progress(name, verbose, progress)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="zckpt_torchrun_") as log_dir:
-        proc = subprocess.Popen(torchrun_command(module, args, nproc, log_dir, nodes), env=worker_env(nproc, placement),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                start_new_session=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                   *nodes.torchrun_flags(free_port()), "--tee", "3",  # --tee 3: every line prefixed by its local rank
+                   "--log-dir", log_dir, "-m", module, *args]
+        proc = subprocess.Popen(command, env=worker_env(nproc, placement), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         try:
             for raw in read_lines(proc, start + timeout, stop):
                 who, text = label(raw, nproc, nodes)
@@ -264,10 +257,7 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     output_dir.mkdir(parents=True, exist_ok=True)
     where = f" of node {nodes.node_rank} ({nodes.nnodes} nodes)" if nodes.nnodes > 1 else ""
     name = f"train {opts.model} on {counted(nproc, 'rank')}{where} -> {output_dir}"
-    try:
-        mine = lock.take(output_dir, nodes.job(), nodes.node_rank)  # after the checks, before any write
-    except lock.FolderInUse as e:
-        raise UsageError(str(e)) from None
+    mine = lock.take(output_dir, nodes.job(), nodes.node_rank)  # after the checks, before any write (a UsageError)
     log_name = f"launch.node{nodes.node_rank}.log" if nodes.node_rank else "launch.log"  # one per node's launcher
     try:
         (output_dir / "run.json").unlink(missing_ok=True)  # never report a previous launch's figures

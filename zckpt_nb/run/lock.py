@@ -14,13 +14,14 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from zckpt_nb.errors import UsageError
 from zckpt_nb.run import lifeline
 
 LOCK = ".zckpt_lock"
 
 
-class FolderInUse(RuntimeError):
-    """Another job holds the output folder's lock; the message is one line naming it."""
+class FolderInUse(UsageError):
+    """Another job holds the output folder's lock, found before any rank starts; the message is one line naming it."""
 
 
 def me(job: str = "", node: int = 0) -> dict[str, Any]:
@@ -109,8 +110,6 @@ def in_use(output_dir: Path, owner: dict[str, Any] | None) -> FolderInUse:
 def release(output_dir: Path, mine: dict[str, Any]) -> None:
     """Remove our lock if it is still ours (never another job's that took over meanwhile)."""
     path = lock_path(output_dir, mine["node"])
-    try:
+    with suppress(FolderInUse):  # an unreadable lock is not ours to judge: the next job reports it
         if owner_of(path) == mine:
             path.unlink()
-    except FolderInUse:
-        pass  # not ours to judge: the next job reports it
