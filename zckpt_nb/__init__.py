@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-API = ("save", "wait", "resume", "Checkpointer", "SaveMode", "Route")
-__all__ = list(API)
+__all__ = ["save", "wait", "resume", "Checkpointer", "SaveMode", "Route"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,7 +22,7 @@ def __getattr__(name: str) -> Any:
         from zckpt_nb.format import records
 
         return getattr(records, name)
-    if name in API:
+    if name in __all__:
         from zckpt_nb.saving import api
 
         return getattr(api, name)

@@ -190,8 +190,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from zckpt_nb.convert.export import generate
 
-    if (args.prompt is None) == (args.token_ids is None):
-        raise UsageError("pass either --prompt TEXT or --token_ids ID [ID ...]")
     print(generate(args.model_dir, args.prompt, args.max_new_tokens, token_ids=args.token_ids))
     return 0
 
@@ -321,9 +319,10 @@ def add_export_commands(sub: Any) -> None:
 
     gen = sub.add_parser("generate", help="greedy text from an exported model, without DeepSpeed")
     gen.add_argument("model_dir")
-    gen.add_argument("--prompt", default=None, help="text to continue (the folder's tokenizer encodes it)")
-    gen.add_argument("--token_ids", type=int, nargs="+", default=None,
-                     help="the prompt as token ids, for a model exported without a tokenizer; prints ids")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", default=None, help="text to continue (the folder's tokenizer encodes it)")
+    prompt.add_argument("--token_ids", type=int, nargs="+", default=None,
+                        help="the prompt as token ids, for a model exported without a tokenizer; prints ids")
     gen.add_argument("--max_new_tokens", type=int, default=40)
     gen.set_defaults(func=cmd_generate)
 
@@ -337,15 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Commands that read or convert files in this process and never use an accelerator: DeepSpeed is told so (it then
-# prints no "Setting accelerator to CPU" warning into their output). train launches ranks on GPUs if any.
-OFFLINE = ("adopt", "inspect", "verify", "reshard", "collect", "export", "generate", "costs", "to-dcp", "from-dcp")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in OFFLINE:
+    # Every command but train reads or converts files in this process and never uses an accelerator: DeepSpeed is
+    # told so (it then prints no "Setting accelerator to CPU" warning into their output). train uses GPUs if any.
+    if args.command != "train":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         with lifeline.signals_interrupt():  # SIGTERM, SIGHUP: stop every rank as Ctrl-C does, not die alone

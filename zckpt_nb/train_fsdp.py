@@ -17,6 +17,7 @@ from typing import Any
 
 from zckpt_nb import data
 from zckpt_nb.convert.dcp import read_dcp
+from zckpt_nb.convert.dcp_layout import TRAIN_STATE
 from zckpt_nb.convert.verify import read_kind, verify_folder
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.layout import DCP_KIND, committed_tags, tag_for, tag_step
@@ -173,8 +174,7 @@ def train(opts: TrainOptions) -> None:
     saved = None
     if folder:  # every file's size and SHA-256, nothing unlisted, before anything is read; then its train state
         verify_folder(folder, DCP_KIND)
-        keys = ("step", "seed", "global_batch", "world_size", "steps")
-        saved = read_dcp(folder, {"train_state": dict.fromkeys(keys, 0)})["train_state"]
+        saved = read_dcp(folder, {"train_state": dict.fromkeys(TRAIN_STATE, 0)})["train_state"]
     # the checkpoint's batch and LR horizon, as the ZeRO-3 worker keeps them
     batch = (saved["global_batch"] if saved else opts.global_batch) or get_preset(opts.model).global_batch
     opts = TrainOptions.build(**{**opts.to_dict(), "global_batch": batch})

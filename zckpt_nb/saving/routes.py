@@ -1,11 +1,5 @@
 """The two consolidated routes that run in the ranks (`Route.GATHERED16`, `Route.PER_PARAM`; every rank calls them);
-the offline ones are `convert.zero_to_fp32` and `convert.export`.
-
-- `gathered16`: `engine.save_16bit_model`; DeepSpeed gathers one module at a time onto every rank and rank 0 keeps a
-  CPU copy of the whole model until it writes it;
-- `per_param` (DeepSpeed-Chat's `save_zero_three_model`): one parameter gathered at a time; the accelerator never
-  holds more than one full parameter, rank 0's CPU ends up holding all of P.
-"""
+the offline ones are `convert.zero_to_fp32` and `convert.export`."""
 
 from __future__ import annotations
 
@@ -17,7 +11,8 @@ from zckpt_nb.format.layout import REFERENCE, WEIGHTS
 
 
 def save_gathered16(engine: Any, out_dir: str | Path) -> Path:
-    """DeepSpeed's consolidated save on every rank; rank 0 writes `out_dir/pytorch_model.bin`."""
+    """`engine.save_16bit_model` on every rank: one module gathered at a time, rank 0 keeps a CPU copy of the whole
+    model until it writes `out_dir/pytorch_model.bin`."""
     if not engine.save_16bit_model(str(out_dir), WEIGHTS):  # DeepSpeed says so only at INFO level
         print(f"rank {engine.global_rank}: save_16bit_model returned False and wrote nothing "
               f"(stage3_gather_16bit_weights_on_model_save is "
@@ -26,7 +21,8 @@ def save_gathered16(engine: Any, out_dir: str | Path) -> Path:
 
 
 def gather_per_param(module: Any) -> dict[str, Any] | None:
-    """Route 2's gather: one parameter at a time on every rank; rank 0 keeps a CPU copy (None on other ranks)."""
+    """Route 2's gather (DeepSpeed-Chat's `save_zero_three_model`): one parameter at a time on every rank, so the
+    accelerator never holds more than one whole; rank 0's CPU keeps a copy of all of P (None on other ranks)."""
     import deepspeed
     import torch.distributed as dist
 
