@@ -10,6 +10,7 @@ what the panel shows is computed the way the cells teach. Widget updates from th
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import re
@@ -212,6 +213,7 @@ class StallPanel:
         bundle = self.view()._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = (f"StallPanel: interactive, it needs Jupyter with a running kernel; N = "
                                 f"{listed(self.sizes.value)} selected, {listed(self.pending())} without timings yet")
+        bundle["text/html"] = f"<p><i>{html.escape(bundle['text/plain'])}</i></p>"  # for viewers without widgets
         if self.chart.value:
             bundle["image/png"] = base64.b64encode(bytes(self.chart.value)).decode()
         return bundle
