@@ -56,16 +56,6 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None 
     return manifest
 
 
-def check_out_dir(out_dir: Path, ckpt_dir: Path, overwrite: bool) -> None:
-    """UsageError unless `out_dir` is new, empty or (`overwrite`) an earlier export outside the checkpoint."""
-    if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
-        raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
-    if out_dir.is_dir() and not out_dir.is_symlink() and any(out_dir.iterdir()) and not overwrite:
-        raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace an earlier export")
-    check_output(out_dir, EXPORT_KIND)
-    check_writable(out_dir)
-
-
 def check_shard_size(max_shard_size: str | int) -> int:
     """`max_shard_size` in bytes ("5GB", "200KB", "1MiB" or an int), or UsageError."""
     from transformers.utils.hub import convert_file_size_to_int
@@ -144,7 +134,13 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
     """Export checkpoint `tag` of `ckpt_dir` as a Hugging Face folder `out_dir` (a peft run: adapter or merged)."""
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
     manifest = check_checkpoint(ckpt_dir, tag, config)
-    check_out_dir(out_dir, ckpt_dir, overwrite)
+    # out_dir: new, empty, or (--overwrite) an earlier export, outside the checkpoint
+    if ckpt_dir.resolve() == out_dir.resolve() or out_dir.resolve() in ckpt_dir.resolve().parents:
+        raise UsageError(f"output folder {out_dir} contains the checkpoint {ckpt_dir}; choose another folder")
+    if out_dir.is_dir() and not out_dir.is_symlink() and any(out_dir.iterdir()) and not overwrite:
+        raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace an earlier export")
+    check_output(out_dir, EXPORT_KIND)
+    check_writable(out_dir)
     shard_bytes = check_shard_size(max_shard_size)
     with staged(out_dir) as tmp:
         write_export(ckpt_dir, manifest, tmp, shard_bytes, out_dir.name, config, adapter_config, merge)

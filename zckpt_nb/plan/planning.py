@@ -33,12 +33,6 @@ class Bandwidths:
                              f"least 0 (got {bad})")
 
 
-def wire_bytes(ops: dict[str, int], n: int) -> float:
-    """Bytes one rank receives over a route's collectives (ring algorithms), from the bytes DeepSpeed logs per op."""
-    factors = {"all_gather_into_tensor": n - 1, "all_reduce": 2 * (n - 1) / n, "broadcast": 1 if n > 1 else 0}
-    return sum(factors[op] * v for op, v in ops.items())
-
-
 def collective_calls(pred: Prediction, route: str) -> int:
     """Collective calls rank 0 makes in a save: DeepSpeed gathers (and broadcasts) one tensor per call."""
     t = pred.persistence_threshold
@@ -52,10 +46,12 @@ def collective_calls(pred: Prediction, route: str) -> int:
 
 def work(pred: Prediction, route: str) -> dict[str, float]:
     """What rank 0 does in a save route, by kind: bytes written, read and received, ring steps, rank files opened."""
-    cost = pred.saves[route]
-    return {"write": cost.written_bytes, "read": cost.read_bytes, "net": wire_bytes(cost.ops, pred.world_size),
-            "steps": collective_calls(pred, route) * (pred.world_size - 1),
-            "files": 2 * pred.world_size * (route in READ_RANK_FILES)}
+    cost, n = pred.saves[route], pred.world_size
+    # received over the collectives (ring algorithms), from the bytes DeepSpeed logs per op
+    wire = {"all_gather_into_tensor": n - 1, "all_reduce": 2 * (n - 1) / n, "broadcast": 1 if n > 1 else 0}
+    return {"write": cost.written_bytes, "read": cost.read_bytes,
+            "net": sum(wire[op] * v for op, v in cost.ops.items()), "steps": collective_calls(pred, route) * (n - 1),
+            "files": 2 * n * (route in READ_RANK_FILES)}
 
 
 def time_terms(pred: Prediction, bw: Bandwidths) -> dict[str, dict[str, float]]:
