@@ -57,10 +57,15 @@ def model_names(model: Any) -> ModelNames:
 
 
 def model_prefix(folder: Path, tensors: dict[str, tuple[int, ...]], names: ModelNames) -> str:
-    """"model." or "": where every parameter of the config's model has its weights, with its shape."""
+    """"model." or "": where each parameter of the config's model has its weights, with its shape, and nothing more."""
+    top = tuple(f"{k}." for k in NOT_MODEL)
     for prefix in ("model.", ""):
         if all(tensors.get(prefix + n) == s for n, s in names.params.items()):
-            check_no_extra(folder, tensors, names, prefix)
+            extra = sorted(k for k in tensors if k.startswith(prefix) and not (prefix == "" and k.startswith(top))
+                           and k[len(prefix):] not in names.keys)
+            if extra:
+                raise CheckpointError(f"{folder} holds {extra[0]!r}, which the model --config builds has no place for "
+                                      f"({len(extra)} such tensors): pass the --config the checkpoint was trained with")
             return prefix
     name, shape = next(iter(names.params.items()))
     for prefix in ("model.", ""):
@@ -71,16 +76,6 @@ def model_prefix(folder: Path, tensors: dict[str, tuple[int, ...]], names: Model
     raise CheckpointError(f"{folder} holds no weights {missing!r} of shape {names.params[missing]} (neither under "
                           "'model.' nor at top level) for the model --config builds: pass the --config the checkpoint "
                           "was trained with")
-
-
-def check_no_extra(folder: Path, tensors: dict[str, tuple[int, ...]], names: ModelNames, prefix: str) -> None:
-    """No weights in the checkpoint that the config's model has no place for (a bigger or other model)."""
-    top = tuple(f"{k}." for k in NOT_MODEL)
-    extra = sorted(k for k in tensors if k.startswith(prefix) and not (prefix == "" and k.startswith(top))
-                   and k[len(prefix):] not in names.keys)
-    if extra:
-        raise CheckpointError(f"{folder} holds {extra[0]!r}, which the model --config builds has no place for "
-                              f"({len(extra)} such tensors): pass the --config the checkpoint was trained with")
 
 
 def find_layout(folder: Path, meta: dict[str, Any], names: ModelNames) -> Layout:
