@@ -56,19 +56,6 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None 
     return manifest
 
 
-def check_shard_size(max_shard_size: str | int) -> int:
-    """`max_shard_size` in bytes ("5GB", "200KB", "1MiB" or an int), or UsageError."""
-    from transformers.utils.hub import convert_file_size_to_int
-
-    try:
-        size = convert_file_size_to_int(int(max_shard_size) if str(max_shard_size).isdigit() else max_shard_size)
-    except ValueError:
-        size = 0
-    if size <= 0:
-        raise UsageError(f"--max_shard_size {max_shard_size!r} is not a size; use e.g. 5GB, 200MB or 500KB")
-    return size
-
-
 def model_config(ckpt_dir: Path, config: str | Path | None = None) -> Any:
     """The model's config: `config`, else `config.json` beside the checkpoint, else `run.json`'s preset."""
     from transformers import AutoConfig
@@ -132,6 +119,8 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
            overwrite: bool = False, config: str | Path | None = None, adapter_config: str | Path | None = None,
            merge: bool = False) -> Path:
     """Export checkpoint `tag` of `ckpt_dir` as a Hugging Face folder `out_dir` (a peft run: adapter or merged)."""
+    from transformers.utils.hub import convert_file_size_to_int
+
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir).absolute()
     manifest = check_checkpoint(ckpt_dir, tag, config)
     # out_dir: new, empty, or (--overwrite) an earlier export, outside the checkpoint
@@ -141,7 +130,12 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,
         raise UsageError(f"output folder {out_dir} is not empty; pass --overwrite to replace an earlier export")
     check_output(out_dir, EXPORT_KIND)
     check_writable(out_dir)
-    shard_bytes = check_shard_size(max_shard_size)
+    try:  # "5GB", "200KB", "1MiB" or an int
+        shard_bytes = convert_file_size_to_int(int(max_shard_size) if str(max_shard_size).isdigit() else max_shard_size)
+    except ValueError:
+        shard_bytes = 0
+    if shard_bytes <= 0:
+        raise UsageError(f"--max_shard_size {max_shard_size!r} is not a size; use e.g. 5GB, 200MB or 500KB")
     with staged(out_dir) as tmp:
         write_export(ckpt_dir, manifest, tmp, shard_bytes, out_dir.name, config, adapter_config, merge)
     return out_dir
