@@ -112,20 +112,6 @@ def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [header, *rows])
 
 
-def print_prediction(pred: Any) -> None:
-    """What each rank holds and what its partitioned save writes and sends, from the cost model."""
-    part = pred.saves["partitioned"]
-    print(f"{pred.model}: P = {pred.num_params:,} in {pred.num_tensors:,} tensors, N = {pred.world_size:,}, "
-          f"{pred.dtype}, persistence threshold {pred.persistence_threshold:,}")
-    print(f"  slice per rank {pred.slice_numel:,} elements (padding {pred.padding_numel:,} over all ranks), "
-          f"{pred.persistent_tensors:,} persistent tensors held whole ({pred.persistent_numel:,} elements)")
-    print(f"  held per rank: params {size(pred.param_bytes)}, grads {size(pred.grad_bytes)}, fp32 master "
-          f"{size(pred.master_bytes)}, Adam {size(pred.optimizer_bytes)}")
-    files = f", {pred.rank_file_bytes:,} B in its two files" if pred.rank_file_bytes else ""
-    print(f"  partitioned save: {part.written_bytes:,} B of tensors per rank{files}; collectives "
-          f"{part.comm_bytes:,} B per rank (tag check {pred.tag_check_bytes}, regather {pred.regather_bytes:,})")
-
-
 def cmd_costs(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
@@ -142,8 +128,17 @@ def cmd_costs(args: argparse.Namespace) -> int:
         data = [{"prediction": p.to_dict(), "plan": [asdict(r) for r in rows]} for p, rows in zip(preds, plans)]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=1))
         return 0
-    for pred in preds:
-        print_prediction(pred)
+    for pred in preds:  # what each rank holds and what its partitioned save writes and sends
+        part = pred.saves["partitioned"]
+        print(f"{pred.model}: P = {pred.num_params:,} in {pred.num_tensors:,} tensors, N = {pred.world_size:,}, "
+              f"{pred.dtype}, persistence threshold {pred.persistence_threshold:,}")
+        print(f"  slice per rank {pred.slice_numel:,} elements (padding {pred.padding_numel:,} over all ranks), "
+              f"{pred.persistent_tensors:,} persistent tensors held whole ({pred.persistent_numel:,} elements)")
+        print(f"  held per rank: params {size(pred.param_bytes)}, grads {size(pred.grad_bytes)}, fp32 master "
+              f"{size(pred.master_bytes)}, Adam {size(pred.optimizer_bytes)}")
+        files = f", {pred.rank_file_bytes:,} B in its two files" if pred.rank_file_bytes else ""
+        print(f"  partitioned save: {part.written_bytes:,} B of tensors per rank{files}; collectives "
+              f"{part.comm_bytes:,} B per rank (tag check {pred.tag_check_bytes}, regather {pred.regather_bytes:,})")
     header = ("N", "route", "rank 0 writes", "rank 0 extra peak", "stall", "to durable", "resumes training")
     print("\n" + text_table(header, [(f"{r.world_size:,}", r.route, size(r.written_bytes), size(r.extra_peak_bytes),
                                      f"{secs(r.stall_s)} s", f"{secs(r.durable_s)} s", "yes" if r.resumable else "no")
