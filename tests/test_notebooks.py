@@ -405,7 +405,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (37 if get("GATHER_16BIT") else 38), held
+    assert len(held) == (40 if get("GATHER_16BIT") else 41), held
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
     trained, resumed = ({(r, s): x for r, s, *x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+) lr (\S+)",
                                                               lines)} for what in ("trained", "resumed"))
@@ -418,6 +418,12 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sorted(control) == sorted(resumed) and not all(trained[key][0] == loss for key, loss in control.items())
     assert any(line.startswith("✓ the control fails the same test: resumed from the save one step older")
                for line in held)
+    plain_trained, plain_resumed = ({(r, s): x for r, s, *x in re.findall(  # Plain, a plain nn.Module, resumed
+        rf"rank (\d+): plain {what} step (\d+) loss (\S+) lr (\S+)", lines)} for what in ("trained", "resumed"))
+    assert sorted(plain_resumed) == sorted(resumed)
+    assert all(plain_trained[key] == got for key, got in plain_resumed.items())
+    assert sorted(p.name for p in (runs / "raw_plain" / tag).glob("*.pt")) == sorted(
+        p.name for p in (runs / "raw" / tag).glob("*.pt"))  # the same two files per rank
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
     predicted = sum(-(-s.numel() // nproc) for group in shapes for s in group.values())
     slices = [sum(t.numel() for t in safe_load(p)["optimizer_state_dict"]["fp32_flat_groups"])
