@@ -247,7 +247,11 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
            stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, placement: Placement | None = None,
            worker: str = "zckpt_nb.train", **options: Any) -> RunResult:
     """Train on `nproc` ranks (GPUs if present, else CPU) and return its run.json as a `RunResult`."""
-    if not module_exists(worker):
+    try:  # where `python -m worker` finds no module (a missing parent package raises)
+        found = importlib.util.find_spec(worker) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
         raise UsageError(f"--worker {worker}: no such module; give zckpt_nb.train, zckpt_nb.train_fsdp or a module "
                          "that takes the worker's flags")
     output_dir = Path(output_dir).resolve()
@@ -267,11 +271,3 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
     finally:
         lock.release(output_dir, mine)
     return RunResult.from_dir(output_dir, log, seconds)
-
-
-def module_exists(name: str) -> bool:
-    """Whether `python -m name` finds a module here."""
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
