@@ -114,7 +114,13 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
     released = tuple(k for k in numels if k > persistence_threshold)  # what a gathered save must fetch
     walk_released = tuple(k for k in walk if k > persistence_threshold)
     shard = (1 + ADAM_STATES) * FP32 * s + fixed_tensor_bytes()  # fp32 master slice + Adam moments + fixed
-    module, tensor = max(sum(g) for g in module_numels(name)) * b, max(numels) * b
+    # GatheredParameters allocates one buffer per tensor it gathers, its N slices (padded to a multiple of N), and
+    # points the parameter at it: no second copy (partition_parameters.py, _allgather_params_*). Persistent tensors
+    # are whole already and gather nothing; at N = 1 it is an upper bound (DeepSpeed may have left tensors whole, and
+    # a module's several tensors are then used in place). On CPU ranks gloo's all-gather also allocates a flat output
+    # of the same size while it runs (ProcessGroupGloo's allgather, newLikeFlat), so a CPU rank's peak holds about two.
+    module = max(n * slice_numel(tuple(k for k in g if k > persistence_threshold), n) for g in module_numels(name)) * b
+    tensor = n * slice_numel((max(released, default=0),), n) * b
     full = Memory("full model on rank 0 (param dtype)", b * p)
     saves = [
         SaveCost("partitioned", shard,
@@ -122,9 +128,10 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
         # save_16bit_model gathers each module's own parameters and broadcasts them back from rank 0
         SaveCost("gathered16", b * p, ops=nonzero({"all_gather_into_tensor": gather_bytes(walk_released, n, b),
                                                    "broadcast": sum(walk) * b}),
-                 memory=(full, Memory("two buffers of the largest module, gathered", 2 * module, 2 * module, True))),
+                 memory=(full, Memory("largest module, gathered (one padded buffer per tensor)", module, module,
+                                      True))),
         SaveCost("per_param", b * p, ops=nonzero({"all_gather_into_tensor": gather_bytes(released, n, b)}),
-                 memory=(full, Memory("buffers of the largest tensor, gathered", tensor, 2 * tensor, True))),
+                 memory=(full, Memory("largest tensor, gathered (one padded buffer)", tensor, tensor, True))),
         # zero_to_fp32 maps every optimizer file and drops the moments unread: it reads the fp32 master slices only.
         # convert_zero_checkpoint_to_fp32_state_dict runs it with lazy_mode=True and builds one output shard
         # (max_shard_size, 5 GB) at a time, each tensor joined from the mapped slices (torch.cat of its N padded
