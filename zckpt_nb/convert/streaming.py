@@ -131,10 +131,14 @@ class MappedFiles:
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
                 self.ranges.append((lo, hi))
 
+    def containing(self, start: int, stop: int) -> tuple[int, int] | None:
+        """The file mapping that holds [start, stop), or None."""
+        return next(((lo, hi) for lo, hi in self.ranges if lo <= start and stop <= hi), None)
+
 
 def drop_pages(start: int, stop: int, mapped: MappedFiles) -> None:
     """Release the file-backed pages of [start, stop), AROUND bytes either side, from this process's memory."""
-    if (mapping := next(((lo, hi) for lo, hi in mapped.ranges if lo <= start and stop <= hi), None)) is None:
+    if (mapping := mapped.containing(start, stop)) is None:
         return
     lo = max(mapping[0], start // PAGE * PAGE - AROUND)
     hi = min(mapping[1], -(-stop // PAGE) * PAGE + AROUND)
