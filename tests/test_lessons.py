@@ -11,10 +11,17 @@ from zckpt_nb.errors import LaunchError
 from zckpt_nb.examples import faults
 from zckpt_nb.format.layout import RANK_FILE, latest_name
 from zckpt_nb.format.sizes import exact_ratio
-from zckpt_nb.model import deepspeed_persistence_default, ln_vocab, meta_model
+from zckpt_nb.model import meta_model
 from zckpt_nb.plan.costs import persistent, predict, tensor_numels
 from zckpt_nb.run.launch import launch
 from zckpt_nb.run.logs import rank_lines
+
+
+def deepspeed_persistence_default() -> int:
+    """DeepSpeed's own default for `stage3_param_persistence_threshold`, read from its config model."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    return int(DeepSpeedZeroConfig.model_fields["param_persistence_threshold"].default)
 
 
 def test_exact_ratio_and_persistent_tensors():
@@ -50,11 +57,6 @@ def test_persistence_threshold_changes_what_ranks_hold_and_what_a_save_gathers(p
         assert c["comm_ops"]["all_gather_into_tensor"]["count"] == pred.persistent_tensors
     held = [line for line in persistent_run.log if "persistent tensors kept whole" in line]
     assert len(held) == 2 and f"holds {pred.held_numel:,} parameter elements" in held[0]
-
-
-def test_bare_zero_init_starts_far_from_ln_vocab(tmp_path):
-    run = launch(2, 2, tmp_path, verbose=False, progress=False, init="bare_zero_init")
-    assert run.losses[0] > 2 * ln_vocab("tiny")  # the trap: weights never initialised
 
 
 def test_save_16bit_with_the_gather_flag_off_writes_nothing_and_says_so(tmp_path):

@@ -127,11 +127,11 @@ def test_parallel_verification_reports_the_first_corrupted_file_in_manifest_orde
 def test_train_cli_and_worker_read_the_same_options():
     """The `train` CLI, launch() and the worker share one definition: what the CLI parses is what the worker gets."""
     args = build_parser().parse_args(["train", "--output_dir", "x", "--gather_16bit", "off", "--save_16bit",
-                                      "--init", "bare_zero_init", "--persistence_threshold", "7", "--nproc", "3",
+                                      "--deterministic", "off", "--persistence_threshold", "7", "--nproc", "3",
                                       "--collective_timeout", "12.5"])
     opts = TrainOptions.from_namespace(args)
-    assert (opts.gather_16bit, opts.save_16bit, opts.init, opts.persistence_threshold) == ("off", True,
-                                                                                          "bare_zero_init", 7)
+    assert (opts.gather_16bit, opts.save_16bit, opts.deterministic, opts.persistence_threshold) == ("off", True,
+                                                                                                   "off", 7)
     assert TrainOptions.parse(opts.argv()) == opts  # the worker's argparse reads back exactly these options
     assert "--seed" not in opts.argv()  # defaults are not spelled out
 

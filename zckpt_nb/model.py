@@ -112,34 +112,16 @@ def accumulation_steps(global_batch: int, world_size: int, micro_batch: int) -> 
     return max(1, math.ceil(math.ceil(global_batch / world_size) / micro_batch))
 
 
-def deepspeed_persistence_default() -> int:
-    """DeepSpeed's own default for `stage3_param_persistence_threshold`, read from its config model."""
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-    return int(DeepSpeedZeroConfig.model_fields["param_persistence_threshold"].default)
-
-
 def build_model(name: str, config: dict[str, Any]) -> tuple[Any, Any]:
     """Build preset `name` partitioned across ranks; (model, the HfDeepSpeedConfig to keep alive)."""
     from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
     # Alive before from_config, transformers 5 builds inside deepspeed.zero.Init and initialises each module
-    # gathered whole on rank 0 (`build_model_bare` shows the trap)
+    # gathered whole on rank 0 (a bare deepspeed.zero.Init skips that init: notebook 02's mistake 1)
     hf_ds_config = HfDeepSpeedConfig(config)
     model = AutoModelForCausalLM.from_config(gpt2_config(name))
     return model, hf_ds_config
-
-
-def build_model_bare(name: str, config: dict[str, Any]) -> tuple[Any, None]:
-    """The trap (`--init bare_zero_init`): `from_config` inside a bare `deepspeed.zero.Init`."""
-    import deepspeed
-    from transformers import AutoModelForCausalLM
-
-    # transformers 5 then skips its weight init: PyTorch's defaults (embeddings N(0, 1)), a first loss far above ln(V)
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        model = AutoModelForCausalLM.from_config(gpt2_config(name))
-    return model, None
 
 
 def held_elements(model: Any) -> dict[str, int]:

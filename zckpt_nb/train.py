@@ -36,7 +36,6 @@ from zckpt_nb.measure.meters import files_under, flush_writes, measure, peak_mem
 from zckpt_nb.model import (
     Preset,
     build_model,
-    build_model_bare,
     count_params,
     ds_config,
     get_preset,
@@ -281,7 +280,7 @@ def build_engine(worker: Worker, engine_kind: type[ZckptEngine]) -> None:
     config["checkpoint"].update(writer_section(opts.save_mode))  # DeepSpeed's own writers, by config
     for key, value in launcher_env().items():  # what DeepSpeed's launcher would have exported
         os.environ.setdefault(key, value)
-    model, worker.hf_config = (build_model if opts.init == "hf" else build_model_bare)(opts.model, config)
+    model, worker.hf_config = build_model(opts.model, config)
     worker.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     install(worker.engine, engine_kind)  # the package's checkpoint engine, given to DeepSpeed once
     worker.config, worker.held = config, held_elements(worker.engine.module)
@@ -409,7 +408,7 @@ def run_record(worker: Worker, log: SaveLog, history: History, start_step: int, 
         losses=history.losses, ranks=records, lrs=history.lrs, dtype="bf16" if worker.bf16 else "fp32",
         seed=opts.seed, deterministic=worker.determinism, global_batch=opts.global_batch,
         gradient_accumulation_steps=worker.config["gradient_accumulation_steps"],
-        tokenizer_vocab_size=len(worker.tokenizer), init=opts.init, persistence_threshold=opts.persistence_threshold,
+        tokenizer_vocab_size=len(worker.tokenizer), persistence_threshold=opts.persistence_threshold,
         save_mode=opts.save_mode, resumed_from_step=start_step if source else None,
         resharded=source.universal if source else None,
         schedule=source.plan if source else Schedule(worker.horizon), latest_tag=tag, failed_saves=log.failed,

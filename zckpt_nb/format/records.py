@@ -193,7 +193,6 @@ class RunRecord(Record):
     global_batch: int = 0
     gradient_accumulation_steps: int = 1
     tokenizer_vocab_size: int = 0
-    init: str = "hf"
     persistence_threshold: int = 0
     save_mode: str = SaveMode.COMMIT
     resumed_from_step: int | None = None

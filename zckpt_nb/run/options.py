@@ -61,8 +61,6 @@ class TrainOptions(Record):
                                            "DeepSpeed's default is 1e5)")
     gather_16bit: str = option("auto", "stage3_gather_16bit_weights_on_model_save (auto: on with --save_16bit); with "
                                        "off, save_16bit_model saves nothing", ("auto", "on", "off"))
-    init: str = option("hf", "hf: HfDeepSpeedConfig before from_config (correct); bare_zero_init: the trap that "
-                             "leaves weights uninitialised", ("hf", "bare_zero_init"))
     node_local_storage: bool = option(False, "each node keeps its part of every checkpoint in its own --output_dir "
                                              "(DeepSpeed's checkpoint.use_node_local_storage)")
     save_reference: bool = option(False, "after training, write each rank's raw partitions and the engine's logits "
