@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import CheckpointError, LaunchError, UsageError, os_error_line
@@ -38,22 +37,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from zckpt_nb.convert.inspect import (
-        format_inspection,
-        format_universal,
-        inspect_checkpoint,
-        universal_params,
-    )
-    from zckpt_nb.convert.verify import read_kind
+    from zckpt_nb.convert.inspect import format_inspection, inspect_checkpoint
 
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # DeepSpeed logs to stdout on import; keep the output clean
-            if args.tag and read_kind(Path(args.ckpt_dir) / args.tag) == "universal":
-                rows = universal_params(Path(args.ckpt_dir) / args.tag)
-                text = json.dumps(rows, indent=1) if args.json else format_universal(rows)
-            else:
-                info = inspect_checkpoint(args.ckpt_dir, args.tag)
-                text = json.dumps(info.to_dict(), indent=1) if args.json else format_inspection(info)
+            info = inspect_checkpoint(args.ckpt_dir, args.tag)
+            text = json.dumps(info.to_dict(), indent=1) if args.json else format_inspection(info)
     except (FileNotFoundError, CheckpointError) as e:
         raise UsageError(str(e)) from None
     print(text)

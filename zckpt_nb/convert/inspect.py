@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.convert.verify import verify_folder, verify_tag
+from zckpt_nb.convert.verify import verify_tag
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.layout import MANIFEST, RANK_FILE, UNIVERSAL, is_plain_name, latest_name
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_name
 from zckpt_nb.format.records import Record
 from zckpt_nb.format.sizes import exact_ratio, tensors_in
 
@@ -121,23 +121,3 @@ def format_inspection(info: CheckpointInfo) -> str:
         lines += [f"    {name:<48} {size:>14,} bytes" for name, size in shard.files.items()]
     return "\n".join(lines)
 
-
-def universal_params(folder: str | Path) -> list[dict[str, Any]]:
-    """Per parameter of a verified universal copy (`convert.reshard`): its elements and each state file's bytes."""
-    folder = Path(folder)
-    verify_folder(folder, UNIVERSAL)
-    rows = []
-    for param in sorted(p for p in (folder / "zero").iterdir() if p.is_dir()):
-        fp32 = load(param / "fp32.pt", mmap=True)
-        rows.append({"parameter": param.name, "elements": fp32.numel(),
-                     **{f.stem: f.stat().st_size for f in sorted(param.glob("*.pt"))}})
-    return rows
-
-
-def format_universal(rows: list[dict[str, Any]]) -> str:
-    """The universal copy as a table: one line per parameter folder, then the total."""
-    states = [k for k in rows[0] if k not in ("parameter", "elements")]
-    lines = [f"{'parameter (bytes of each file)':<36} {'elements':>12} " + " ".join(f"{s:>12}" for s in states)]
-    lines += [f"{r['parameter']:<36} {r['elements']:>12,} " + " ".join(f"{r[s]:>12,}" for s in states) for r in rows]
-    total = sum(r["elements"] for r in rows)
-    return "\n".join(lines + [f"{len(rows)} parameter folders, {total:,} elements: any world size can load them"])
