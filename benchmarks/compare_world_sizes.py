@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/compare_world_sizes.py --model tiny --nproc 1 2 3 4 --output_dir build/bench/compare
 
-Prints, per (route, N, rank): predicted and measured bytes (payload and whole files), collective bytes predicted and
-logged, extra peak memory predicted (the cost model's terms) and measured, and wall time; then how many predictions
+Prints, per (route, N, rank): predicted and measured payload bytes, the measured whole files, collective bytes
+predicted and logged, extra peak memory predicted (the cost model's terms) and measured, and wall time; then how many predictions
 hold and how rank 0's partitioned bytes scale with N. Tables of its output: docs/cost_model.md.
 """
 
@@ -38,14 +38,11 @@ def main() -> None:
     except UsageError as e:
         sys.exit(f"compare_world_sizes: error: {e}")
     print(f"{'route':<12}{'N':>3}{'rank':>5}{'pred B':>13}{'meas B':>13}{'ratio':>8}{'rank file B':>13}"
-          f"{'file/pred':>10}"
           f"{'pred comm':>12}{'logged':>12}{'pred MiB':>9}{'meas MiB':>9}{'s':>8}")
     for r in records:
         ratio = r.measured_payload_bytes / r.predicted_bytes if r.predicted_bytes else float("nan")
-        files = (r.measured_rank_file_bytes / r.predicted_rank_file_bytes if r.predicted_rank_file_bytes
-                 else float("nan"))  # a partitioned save's two files per rank, header included
         print(f"{r.route:<12}{r.world_size:>3}{r.rank:>5}{r.predicted_bytes:>13,}{r.measured_payload_bytes:>13,}"
-              f"{ratio:>8.4f}{r.measured_rank_file_bytes or 0:>13,}{files:>10.4f}{r.predicted_comm_bytes:>12,}"
+              f"{ratio:>8.4f}{r.measured_rank_file_bytes or 0:>13,}{r.predicted_comm_bytes:>12,}"
               f"{r.logged_comm_bytes or 0:>12,}{r.predicted_extra_peak_bytes / 2**20:>9.2f}"
               f"{r.measured_extra_peak_bytes / 2**20:>9.2f}{r.seconds:>8.3f}")
     predicted = [r for r in records if r.predicted_extra_peak_bytes]

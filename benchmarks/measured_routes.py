@@ -40,7 +40,6 @@ class Measured:
     predicted_bytes: int  # tensor bytes this rank writes
     measured_payload_bytes: int  # tensor bytes in the files it wrote
     measured_bytes: int  # the files' sizes
-    predicted_rank_file_bytes: int | None  # partitioned only: the rank's two files, header included
     measured_rank_file_bytes: int | None
     predicted_comm_bytes: int
     logged_comm_bytes: int | None  # DeepSpeed's comms logger (None: no logger)
@@ -78,7 +77,7 @@ def weights_payload(path: Path) -> int:
 
 def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) -> Measured:
     """The `Measured` record of one route's cost on one rank of `run` (its run.json)."""
-    from zckpt_nb.plan.costs import file_bytes, predict
+    from zckpt_nb.plan.costs import predict
 
     route, rank, n = cost["mode"], cost["rank"], run["world_size"]
     pred = predict(run["model"], n, run["dtype"], run["persistence_threshold"])
@@ -96,9 +95,6 @@ def record(run: dict[str, Any], cost: dict[str, Any], shards: dict[int, Any]) ->
         predicted_bytes=predicted.written_bytes if partitioned or rank == 0 else 0,
         measured_payload_bytes=shards[rank].payload_bytes if partitioned else sum(map(weights_payload, weights)),
         measured_bytes=cost["bytes_written"],
-        predicted_rank_file_bytes=file_bytes(run["model"], n, steps=run["steps"][-1] + 1, seed=run["seed"],
-                                             persistence_threshold=run["persistence_threshold"],
-                                             dtype=run["dtype"]) if partitioned else None,
         measured_rank_file_bytes=shards[rank].bytes if partitioned else None,
         predicted_comm_bytes=predicted.comm_bytes, logged_comm_bytes=cost["comm_bytes"],
         logged_comm_ops={op: v["count"] for op, v in cost["comm_ops"].items()},

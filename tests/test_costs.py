@@ -8,7 +8,7 @@ from conftest import cli
 from zckpt_nb.convert.inspect import inspect_checkpoint
 from zckpt_nb.format.sizes import fixed_tensor_bytes, padding, slice_numel
 from zckpt_nb.model import param_count
-from zckpt_nb.plan.costs import file_bytes, predict, tensor_numels
+from zckpt_nb.plan.costs import predict, tensor_numels
 from zckpt_nb.run.launch import launch
 
 
@@ -53,10 +53,7 @@ def test_predicted_partitioned_bytes_match_the_shards_within_1_percent(which, re
     for shard in info.ranks:
         assert shard.partition_numel == pred.slice_numel
         assert abs(shard.payload_bytes - expected) <= 0.01 * expected
-        assert shard.bytes > shard.payload_bytes  # the rest is the header, predicted below
-        files = file_bytes("tiny", info.world_size, steps=run.steps[-1] + 1)
-        # payload + header: an upper bound of the files on disk, a few hundred bytes above (0.02% for tiny)
-        assert shard.bytes <= files <= shard.bytes * 1.0002
+        assert shard.bytes > shard.payload_bytes  # the rest is the header (bounded by the save preflight)
 
 
 def test_costs_cli_json_has_per_rank_bytes():
@@ -64,8 +61,5 @@ def test_costs_cli_json_has_per_rank_bytes():
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)["prediction"]
     assert data["world_size"] == 3 and data["saves"]["partitioned"]["written_bytes"] > 0
-    # the files, header included (the pickled RNG state's integers vary by a few bytes between processes)
-    assert data["rank_file_bytes"] == pytest.approx(file_bytes("tiny", 3), rel=1e-4)
-    assert data["rank_file_bytes"] > data["saves"]["partitioned"]["written_bytes"]
     gathered = data["saves"]["gathered16"]
     assert gathered["ops"]["all_gather_into_tensor"] > 0 and gathered["memory"][0]["rank0_bytes"] > 0

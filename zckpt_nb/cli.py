@@ -125,8 +125,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
               f"{pred.persistent_tensors:,} persistent tensors held whole ({pred.persistent_numel:,} elements)")
         print(f"  held per rank: params {size(pred.param_bytes)}, grads {size(pred.grad_bytes)}, fp32 master "
               f"{size(pred.master_bytes)}, Adam {size(pred.optimizer_bytes)}")
-        files = f", {pred.rank_file_bytes:,} B in its two files" if pred.rank_file_bytes else ""
-        print(f"  partitioned save: {part.written_bytes:,} B of tensors per rank{files}; collectives "
+        print(f"  partitioned save: {part.written_bytes:,} B of tensors per rank; collectives "
               f"{part.comm_bytes:,} B per rank (tag check {pred.tag_check_bytes}, regather {pred.regather_bytes:,})")
     header = ("N", "route", "rank 0 writes", "rank 0 extra peak", "stall", "to durable", "resumes training")
     print("\n" + text_table(header, [(f"{r.world_size:,}", r.route, size(r.written_bytes), size(r.extra_peak_bytes),

@@ -3,7 +3,7 @@
 Each rank owns every tensor's slice, padded to a multiple of N; its optimizer file holds 12 bytes per owned element
 (fp32 master weights, Adam's two moments). The rest of its two files is header: what DeepSpeed pickles beside the
 tensors and the zip record `torch.save` writes around each. The preflight bounds that header per tensor
-(`save_bytes`, a few KiB above the files); the planner's exact figure rebuilds it (`plan.files`).
+(`save_bytes`, a few KiB above the files).
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 from zckpt_nb.format.records import Record
 from zckpt_nb.format.sizes import ADAM_STATES, FP32, fixed_tensor_bytes, padding, slice_numel
-from zckpt_nb.model import PRESETS, ds_config, meta_model
-from zckpt_nb.plan.files import module_file_bytes, package_client
+from zckpt_nb.model import meta_model
 
 OFFLINE_SHARD_BYTES = 5 * 10**9  # zero_to_fp32's max_shard_size="5GB" (huggingface_hub reads GB as 10**9)
 
@@ -94,7 +93,6 @@ class Prediction(Record):
     grad_bytes: int
     master_bytes: int
     optimizer_bytes: int
-    rank_file_bytes: int | None  # one rank's two partitioned files, header included (a preset's only)
     tag_check_bytes: int
     regather_bytes: int  # the partitioned save's epilogue gathers the persistent tensors again
     saves: dict[str, SaveCost]  # by route: partitioned, gathered16, per_param, offline, hf
@@ -141,18 +139,10 @@ def predict(name: str, n: int, dtype: str = "fp32", persistence_threshold: int =
                          Memory("largest tensor, joined from N padded slices", FP32 * math.ceil(max(numels) / n) * n))),
         SaveCost("hf", FP32 * p, read_bytes=shard * n),  # every byte hashed first; then streamed, nothing built
     ]
-    files = file_bytes(name, n, persistence_threshold=persistence_threshold, dtype=dtype) if name in PRESETS else None
     return Prediction(
         model=name, world_size=n, dtype=dtype, persistence_threshold=persistence_threshold, num_params=p,
         num_tensors=len(numels), slice_numel=s, padding_numel=padding(numels, n), persistent_tensors=len(kept),
         persistent_numel=sum(kept), held_numel=s + sum(kept), param_bytes=b * (s + sum(kept)), grad_bytes=b * s,
-        master_bytes=FP32 * s, optimizer_bytes=ADAM_STATES * FP32 * s, rank_file_bytes=files,
+        master_bytes=FP32 * s, optimizer_bytes=ADAM_STATES * FP32 * s,
         tag_check_bytes=TAG_CHECK_BYTES, regather_bytes=regather, saves={c.route: c for c in saves})
 
-
-def file_bytes(name: str, n: int, *, steps: int = 5, seed: int = 0, persistence_threshold: int = 0,
-               dtype: str = "fp32") -> int:
-    """Predicted size of one rank's two files for preset `name` saved by this package's worker."""
-    config = ds_config(name, steps=steps, world_size=n, comms_logger=True, persistence_threshold=persistence_threshold,
-                       bf16=dtype == "bf16")
-    return module_file_bytes(meta_model(name), n, config, steps, package_client(config, n, steps, seed))
