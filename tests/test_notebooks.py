@@ -406,7 +406,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (40 if get("GATHER_16BIT") else 41), held
+    assert len(held) == (41 if get("GATHER_16BIT") else 42), held
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
     trained, resumed = ({(r, s): x for r, s, *x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+) lr (\S+)",
                                                               lines)} for what in ("trained", "resumed"))
@@ -440,8 +440,8 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert not (broken / "zckpt_manifest.json").exists()
     gone = [p.name for p in (runs / "raw" / tag).glob("*.pt") if not (broken / p.name).exists()]
     assert len(gone) == 1 and f"rank_{dropped}_" in gone[0] and gone[0].endswith(f"{kind}.pt")
-    assert (f"✓ adopt raised CheckpointError and wrote no manifest; the copy lacks one file of the checkpoint's, "
-            f"{gone[0]}") in held
+    assert (f"✓ adopt raised CheckpointError naming rank {dropped}'s {kind.split('_')[0]} states, and wrote no "
+            f"manifest; the copy lacks one file of the checkpoint's, {gone[0]}") in held
     assert f"✓ by hand, the broken copy is refused, naming rank {dropped}'s {kind.split('_')[0]} states" in held
     assert any(line.startswith("✓ by hand, the checkpoint passes, and every rank file's SHA-256 equals")
                for line in held)
@@ -504,9 +504,11 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     batches = set()
     for r in range(nproc):  # the no-backend processes: each its own torch.distributed rank, accelerate's process 0
         found = re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
-                          rf"torch.distributed rank {r} of {nproc};.* first batch (\[.*\])",
+                          rf"torch.distributed rank {r} of {nproc};.* first batch (\[.*?\]); "
+                          r"prepared DataLoader\(range\(6\)\) gives (\[.*\])",
                           (runs / f"no_backend_{r}.log").read_text())
         batches.add(found[1])
+        assert json.loads(found[2]) == list(range(6))  # num_processes 1: the prepared DataLoader is not split
     assert len(batches) == 1  # set_seed(0, device_specific=True) seeded every process alike: the same batch
     assert [p.name for p in (runs / "no_backend").iterdir()] == ["random_states_0.pkl"]
 
