@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/compare_world_sizes.py --model tiny --nproc 1 2 3 4 --output_dir build/bench/compare
 
 Prints, per (route, N, rank): predicted and measured payload bytes, the measured whole files, collective bytes
-predicted and logged, extra peak memory predicted (the cost model's terms) and measured, and wall time; then how many predictions
-hold and how rank 0's partitioned bytes scale with N. Tables of its output: docs/cost_model.md.
+predicted and logged, extra peak memory predicted (the cost model's terms) and measured, and wall time; then how many
+predictions hold and how rank 0's partitioned bytes scale with N. Tables of its output: docs/cost_model.md.
 """
 
 from __future__ import annotations
