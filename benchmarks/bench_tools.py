@@ -10,7 +10,6 @@ from typing import Any
 
 from zckpt_nb.convert.export import export
 from zckpt_nb.convert.zero_shards import ShardReader
-from zckpt_nb.convert.zero_to_fp32 import convert_offline
 from zckpt_nb.format.layout import RANK_FILE, latest_name, universal_dir
 from zckpt_nb.format.records import Route, SaveCost
 from zckpt_nb.measure.meters import files_under, flush_writes, measure
@@ -39,9 +38,11 @@ def measure_offline_route(route: str, convert: Callable[[], Any], ckpt_dir: str 
 
 
 def measure_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> SaveCost:
-    """Run route 3 (`convert.zero_to_fp32.convert_offline`) and measure it."""
-    return measure_offline_route(Route.OFFLINE, lambda: convert_offline(ckpt_dir, out_dir, tag), ckpt_dir, tag,
-                                 out_dir)
+    """Run route 3 (DeepSpeed's `zero_to_fp32` in this process, writing `out_dir/pytorch_model.bin`) and measure it."""
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    return measure_offline_route(Route.OFFLINE, lambda: convert_zero_checkpoint_to_fp32_state_dict(
+        str(ckpt_dir), str(out_dir), tag=tag), ckpt_dir, tag, out_dir)
 
 
 def measure_export(ckpt_dir: str | Path, out_dir: str | Path, *, tag: str | None = None,

@@ -43,7 +43,7 @@ def run_facts(ckpt_dir: Path, manifest: Manifest, config: Any, tensors: dict[str
     entries = None if tokenizer is None else len(tokenizer)
     return {
         "preset": None if adopted else (manifest.identity or {}).get("model", run.get("model")),
-        "model_type": config.model_type, "adopted": adopted,
+        "model_type": config.model_type,
         # the output head is the embedding (written once), as the config says and the weights written show
         "tied": bool(getattr(config, "tie_word_embeddings", False)) and not any(
             name.endswith("lm_head.weight") for name in tensors),
@@ -69,22 +69,6 @@ def vocabulary(facts: dict[str, Any]) -> str:
     return (f"The tokenizer has {entries} entries; the model's vocabulary has {vocab} rows. No token maps to ids "
             f"{entries} to {vocab - 1}: they were never a training target, and decoding them gives "
             f"{'no text' if decoded == '' else repr(decoded)}.")
-
-
-def origin(facts: dict[str, Any]) -> str:
-    """Who trained the model and on what, as far as the checkpoint tells."""
-    kind = facts["model_type"]
-    if facts["adopted"]:
-        return (f"A `{kind}` model trained with DeepSpeed ZeRO-3 (DeepSpeed {facts['adopted']['deepspeed_version']}, "
-                "outside zckpt_nb), adopted and exported from its partitioned checkpoint with `python -m zckpt_nb "
-                "adopt` and `export`. What it was trained on is not recorded in the checkpoint.")
-    if facts["preset"]:
-        return (f"A `{kind}` model trained with DeepSpeed ZeRO-3 by `zckpt_nb` (preset `{facts['preset']}`) and "
-                "exported from its partitioned checkpoint with `python -m zckpt_nb export`. It learnt one small "
-                "English corpus (`zckpt_nb/data/corpus.txt`) and writes text in its style only: a teaching model, "
-                "not a general one.")
-    return (f"A `{kind}` model exported from a partitioned DeepSpeed ZeRO-3 checkpoint with `python -m zckpt_nb "
-            "export`. What it was trained on is not recorded in the checkpoint.")
 
 
 def usage(facts: dict[str, Any], model_dir_name: str) -> str:
@@ -157,8 +141,6 @@ tags:
 ---
 
 # {model_dir_name}
-
-{origin(facts)}
 
 | fact | value |
 |---|---|

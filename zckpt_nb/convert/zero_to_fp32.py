@@ -1,4 +1,4 @@
-"""DeepSpeed's `zero_to_fp32`: the offline route to one fp32 model, run as its users run it."""
+"""DeepSpeed's `zero_to_fp32.py` beside a checkpoint: the offline route to one fp32 model, run as its users run it."""
 
 from __future__ import annotations
 
@@ -9,14 +9,6 @@ from pathlib import Path
 
 from zckpt_nb.convert.safeload import check_files, check_script
 from zckpt_nb.convert.verify import newest_committed
-
-
-def convert_offline(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None) -> Path:
-    """Route 3: DeepSpeed's `zero_to_fp32` in this process; writes `out_dir/pytorch_model.bin`."""
-    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
-
-    convert_zero_checkpoint_to_fp32_state_dict(str(ckpt_dir), str(out_dir), tag=tag)
-    return Path(out_dir)
 
 
 def run_zero_to_fp32(ckpt_dir: str | Path, out_dir: str | Path, timeout: float = 600) -> Path:
