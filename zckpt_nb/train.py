@@ -251,15 +251,13 @@ def find_resume_source(opts: TrainOptions, identity: dict[str, Any], rank: int) 
         print(note, flush=True)
     if writes_folder(opts.node_local_storage):
         drop_partial(opts.output_dir, tag)
-    plan = schedule.resume_schedule(opts.model, opts.steps, tag_step(tag), schedule.saved_horizon(load_dir, tag),
+    plan = schedule.resume_schedule(opts.steps, tag_step(tag), schedule.saved_horizon(load_dir, tag),
                                     opts.new_schedule)
-    old, start = plan.checkpoint_horizon, plan.resume_step
+    old = plan.checkpoint_horizon
     if rank == 0 and old not in (None, opts.steps):  # say what happens to the LR
-        lrs = (f"step {start} trains at {plan.lr_restored:.3g} (restored with the optimizer), step {start + 1} at "
-               f"{plan.lr_next_old:.3g} on the old schedule or {plan.lr_next_new:.3g} on the new")
-        print(f"--new_schedule: the LR now decays over {opts.steps} steps instead of {old}; {lrs}" if plan.new_schedule
+        print(f"--new_schedule: the LR now decays over {opts.steps} steps instead of {old}" if plan.new_schedule
               else f"--steps {opts.steps} but the checkpoint's LR schedule ends at step {old}: continuing it (the LR "
-                   f"is 0 from step {old + 1} on); {lrs}; pass --new_schedule to decay over {opts.steps} steps",
+                   f"is 0 from step {old + 1} on); pass --new_schedule to decay over {opts.steps} steps",
               flush=True)
     return ResumeSource(tag, load_dir, universal, plan)
 

@@ -143,15 +143,12 @@ class SaveCost(Record):
 
 @dataclass
 class Schedule(Record):
-    """The LR schedule's horizon and, across a resume, the LRs either side of the resume step."""
+    """The LR schedule's horizon and, across a resume, the checkpoint's horizon and the resume step."""
 
     horizon: int
     checkpoint_horizon: int | None = None  # the horizon the checkpoint was trained with
     new_schedule: bool = False  # --new_schedule: decay over this run's --steps instead
     resume_step: int | None = None
-    lr_restored: float | None = None  # the resume step's LR, restored with the optimizer
-    lr_next_old: float | None = None  # the next step's LR on the checkpoint's schedule
-    lr_next_new: float | None = None  # and on the new one
 
 
 @dataclass
