@@ -6,8 +6,6 @@ import pytest
 
 from zckpt_nb.course.ranks import choose_world, lesson_dtype, lesson_placement, use_lesson_ranks
 from zckpt_nb.errors import UsageError
-from zckpt_nb.format.units import counted
-from zckpt_nb.run.devices import Placement
 from zckpt_nb.run.launch import check_train_args, worker_env
 from zckpt_nb.run.options import TrainOptions
 
@@ -32,39 +30,6 @@ def test_cpu_ranks_any_number(accelerator, gpus):
     choice = choose_world(5, accelerator, gpus)
     assert (choice.ranks, choice.accelerator) == (5, "cpu")
     assert "CPU rank" in choice.note and "DS_ACCELERATOR=cpu" in choice.note
-
-
-def node_placements(nnodes: int, nproc: int, accelerator: str, gpus: int) -> list[Placement]:
-    """Simulated nodes on this machine (test-only): node k's ranks get GPUs k*nproc .. k*nproc+nproc-1, or CPUs."""
-    need = nnodes * nproc
-    if accelerator != "cuda" or gpus < need:
-        note = (f"{counted(nnodes, 'node')} x {counted(nproc, 'CPU rank')} (DS_ACCELERATOR=cpu, gloo)"
-                + (f": {need} ranks do not fit the {counted(gpus, 'GPU')} here, one per GPU"
-                   if accelerator == "cuda" else ""))
-        return [Placement(nproc, "cpu", note) for _ in range(nnodes)]
-    ids = [tuple(range(k * nproc, (k + 1) * nproc)) for k in range(nnodes)]
-    word = "GPUs" if nproc > 1 else "GPU"
-    return [Placement(nproc, "cuda", f"node {k}: {word} {', '.join(map(str, ids[k]))}", ids[k]) for k in range(nnodes)]
-
-
-@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
-def test_simulated_nodes_get_their_own_gpus_or_cpu_ranks(gpus):
-    nodes = node_placements(2, 1, "cuda", gpus)
-    if gpus >= 2:
-        assert [p.gpus for p in nodes] == [(0,), (1,)]  # never two ranks on GPU 0
-        assert [p.env()["CUDA_VISIBLE_DEVICES"] for p in nodes] == ["0", "1"]
-    else:
-        assert all(p.accelerator == "cpu" and p.env() == {"DS_ACCELERATOR": "cpu"} for p in nodes)
-    two_each = node_placements(2, 2, "cuda", gpus)
-    if gpus >= 4:
-        assert [p.gpus for p in two_each] == [(0, 1), (2, 3)]
-    else:
-        assert {p.accelerator for p in two_each} == {"cpu"}
-
-
-def test_visible_devices_are_mapped_through_the_parents(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    assert Placement(1, "cuda", "", (1,)).env() == {"CUDA_VISIBLE_DEVICES": "5"}
 
 
 def test_refusal_names_cpu_ranks(monkeypatch, tmp_path):

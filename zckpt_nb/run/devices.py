@@ -13,22 +13,15 @@ CPU_HINT = "DS_ACCELERATOR=cpu to run any number of CPU ranks (gloo) on any mach
 
 @dataclass(frozen=True)
 class Placement:
-    """The ranks of one launch: how many, on which accelerator, which GPUs (local rank i -> gpus[i]), and why."""
+    """The ranks of one launch: how many, on which accelerator, and why."""
 
     ranks: int
     accelerator: str  # "cuda" (one GPU per rank, NCCL) or "cpu" (CPU ranks, gloo)
     note: str
-    gpus: tuple[int, ...] = ()  # CUDA device indices of this machine; () on CPU or for all of them
 
     def env(self) -> dict[str, str]:
-        """The ranks' environment for this placement: DS_ACCELERATOR=cpu, or the GPUs they may see."""
-        if self.accelerator == "cpu":
-            return {"DS_ACCELERATOR": "cpu"}
-        if not self.gpus:
-            return {}
-        seen = os.environ.get("CUDA_VISIBLE_DEVICES")  # indices are relative to what this process already sees
-        names = seen.split(",") if seen else [str(i) for i in range(max(self.gpus) + 1)]
-        return {"CUDA_VISIBLE_DEVICES": ",".join(names[i] for i in self.gpus)}
+        """The ranks' environment for this placement: DS_ACCELERATOR=cpu for CPU ranks."""
+        return {"DS_ACCELERATOR": "cpu"} if self.accelerator == "cpu" else {}
 
 
 def gpu_count() -> int:

@@ -68,10 +68,8 @@ def free_port() -> int:
 
 
 def gpus_for(placement: Placement | None) -> int:
-    """The GPUs a launch's ranks may use: none for CPU ranks, the placement's own, else every GPU here."""
-    if placement is not None and placement.accelerator == "cpu":
-        return 0
-    return len(placement.gpus) if placement is not None and placement.gpus else gpu_count()
+    """The GPUs a launch's ranks may use: none for CPU ranks, else every GPU here."""
+    return 0 if placement is not None and placement.accelerator == "cpu" else gpu_count()
 
 
 def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, nodes: Nodes = ONE_NODE,
