@@ -249,8 +249,8 @@ def run_costs(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_costs_cli_plans_a_shipped_config_on_nodes(capsys):
-    code, out, _ = run_costs(capsys, "--config", "llama-3-8b", "--nodes", "2", "--gpus_per_node", "4",
+def test_costs_cli_plans_a_shipped_config(capsys):
+    code, out, _ = run_costs(capsys, "--config", "llama-3-8b", "--nproc", "8",
                              "--dtype", "bf16", "--write_gbps", "1", "--json")
     data = json.loads(out)
     assert code == 0 and data["prediction"]["world_size"] == 8 and data["prediction"]["num_params"] == 8_030_261_248
@@ -270,14 +270,14 @@ def test_costs_cli_takes_a_config_folder(tmp_path, capsys):
     ("missing", "no config.json at"),
     ("vision", "is not the config of a causal LM transformers ships (model_type 'vit')"),
     ("not json", "is not JSON"),
-    ("nodes alone", "give --nodes and --gpus_per_node together"),
+    ("no rank", "world sizes must be at least 1"),
     ("zero bandwidth", "bandwidths must be positive"),
 ])
 def test_costs_cli_refuses_bad_input_in_one_line(case, expected, tmp_path, capsys):
     (tmp_path / "vit.json").write_text(json.dumps({"model_type": "vit", "hidden_size": 64}))
     (tmp_path / "bad.json").write_text("{not json")
     argv = {"missing": ["--config", str(tmp_path / "nope.json")], "vision": ["--config", str(tmp_path / "vit.json")],
-            "not json": ["--config", str(tmp_path / "bad.json")], "nodes alone": ["--nodes", "2"],
+            "not json": ["--config", str(tmp_path / "bad.json")], "no rank": ["--nproc", "0"],
             "zero bandwidth": ["--config", "gpt2-xl", "--net_gbps", "0"]}[case]
     code, out, err = run_costs(capsys, *argv)
     assert code == 2 and not out

@@ -108,7 +108,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
     from zckpt_nb.plan.costs import predict
     from zckpt_nb.plan.planning import Bandwidths, plan
 
-    sizes = world_sizes(args)
+    sizes = args.nproc
+    if min(sizes) < 1:
+        raise UsageError(f"world sizes must be at least 1 (got {sizes})")
     name = args.config or args.model
     bw = Bandwidths(args.write_gbps, args.read_gbps, args.net_gbps, args.step_latency_us, args.file_ms)
     preds = [predict(name, n, args.dtype, args.persistence_threshold) for n in sizes]
@@ -141,19 +143,6 @@ def cmd_costs(args: argparse.Namespace) -> int:
         print(f"N = {rows[0].world_size:,}: least stall {least.route} ({secs(least.stall_s)} s); a consolidated "
               f"model on disk soonest with {soonest.route} ({secs(soonest.durable_s)} s)")
     return 0
-
-
-def world_sizes(args: argparse.Namespace) -> list[int]:
-    """The world sizes `costs` plans for: --nproc N [N ...], or --nodes x --gpus_per_node."""
-    if args.nodes is not None or args.gpus_per_node is not None:
-        if args.nproc is not None or args.nodes is None or args.gpus_per_node is None:
-            raise UsageError("give --nodes and --gpus_per_node together, and not with --nproc")
-        sizes = [args.nodes * args.gpus_per_node]
-    else:
-        sizes = args.nproc or [2]
-    if min(sizes) < 1:
-        raise UsageError(f"world sizes must be at least 1 (got {sizes})")
-    return sizes
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -265,9 +254,7 @@ def add_costs(sub: Any) -> None:
     which.add_argument("--config", metavar="PATH_OR_DIR",
                        help="a transformers config.json of a causal LM (or its folder, or a shipped config: "
                             f"{', '.join(shipped_configs())}); built on the meta device, nothing downloaded")
-    costs.add_argument("--nproc", type=int, nargs="+", default=None, help="world sizes (default 2)")
-    costs.add_argument("--nodes", type=int, default=None, help="with --gpus_per_node: N = nodes x GPUs per node")
-    costs.add_argument("--gpus_per_node", type=int, default=None)
+    costs.add_argument("--nproc", type=int, nargs="+", default=[2], help="world sizes (default 2)")
     costs.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     costs.add_argument("--persistence_threshold", type=int, default=0,
                        help="stage3_param_persistence_threshold (DeepSpeed's default: 100000)")
