@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_tools import measure_export, measure_offline  # noqa: E402  (benchmarks/bench_tools.py)
 
 STEPS = 150  # enough for greedy text that reads like the corpus
-ROUTES = {"save_16bit": True, "save_gathered": True, "save_reference": True}
+ROUTES = {"save_16bit": True, "save_gathered": True}
 
 
 @pytest.fixture(scope="module")
 def routes_run(tmp_path_factory):
-    """Train tiny on 2 CPU ranks, save partitioned, then routes 1 and 2 and the independent reference."""
+    """Train tiny on 2 CPU ranks, save partitioned, then routes 1 and 2."""
     out = tmp_path_factory.mktemp("routes")
     return launch(2, STEPS, out, save_checkpoint=True, **ROUTES, verbose=False, progress=False, timeout=600)
 
@@ -130,7 +130,7 @@ def padded_param_bytes(reference, world):
 
 
 def test_save_costs_has_a_record_per_mode_and_rank(routes_run):
-    records = routes_run.data["save_costs"]
+    records = routes_run.save_costs
     assert {(c["mode"], c["rank"]) for c in records} == {(m, r) for m in ("partitioned", "gathered16", "per_param")
                                                          for r in (0, 1)}
     keys = {"mode", "rank", "seconds", "peak_memory_bytes", "extra_peak_bytes", "bytes_written", "comm_bytes",
@@ -140,7 +140,7 @@ def test_save_costs_has_a_record_per_mode_and_rank(routes_run):
 
 def test_bytes_written_are_the_files_each_rank_wrote(routes_run):
     out = routes_run.output_dir
-    by = {(c["mode"], c["rank"]): c for c in routes_run.data["save_costs"]}
+    by = {(c["mode"], c["rank"]): c for c in routes_run.save_costs}
     for rank in (0, 1):
         files = [f for f in routes_run.ranks[rank]["files"] if not f["path"].endswith(MANIFEST)]
         # the save's measured bytes are the rank's files; run.json also lists the manifest rank 0 commits after them
@@ -152,7 +152,7 @@ def test_bytes_written_are_the_files_each_rank_wrote(routes_run):
 
 
 def test_collective_bytes_match_the_seed_table(routes_run, reference):
-    by = {(c["mode"], c["rank"]): c for c in routes_run.data["save_costs"]}
+    by = {(c["mode"], c["rank"]): c for c in routes_run.save_costs}
     full = padded_param_bytes(reference, 2)
     for rank in (0, 1):
         # partitioned: no gather at all, only a few bytes of agreement (tag check) and barriers
@@ -177,7 +177,7 @@ def test_deepspeed_prints_its_own_comms_summary_for_the_routes(routes_run):
 
 
 def test_offline_and_hf_read_every_shard_and_communicate_nothing(routes_run, offline, hf):
-    shards = sorted((routes_run.output_dir / routes_run.data["latest_tag"]).glob("zero_pp_rank_*"))
+    shards = sorted((routes_run.output_dir / routes_run.latest_tag).glob("zero_pp_rank_*"))
     assert len(shards) == 4  # model and optimizer states of both ranks
     for out, cost in (offline, hf):
         assert cost.rank == 0 and cost.comm_bytes == 0 and cost.comm_ops == {}
@@ -201,8 +201,25 @@ print(json.dumps({"class": type(model).__name__, "logits_shape": list(out.shape)
 """
 
 
+def reference_logits(reference, path):
+    """Logits of a GPT-2 built by transformers from `reference` on two sequences of the corpus, saved to `path`."""
+    from transformers import AutoModelForCausalLM
+
+    from zckpt_nb.data import encode_corpus, load_or_train_tokenizer
+    from zckpt_nb.model import get_preset, gpt2_config
+
+    model = AutoModelForCausalLM.from_config(gpt2_config("tiny")).eval()
+    missing, unexpected = model.load_state_dict(reference, strict=False)
+    assert set(missing) <= {"lm_head.weight"} and not unexpected  # the tied head is the embedding
+    tokens = encode_corpus(load_or_train_tokenizer("", get_preset("tiny").vocab_size))
+    input_ids = tokens[:128].reshape(2, 64)
+    with torch.no_grad():
+        torch.save({"input_ids": input_ids, "logits": model(input_ids=input_ids).logits}, path)
+    return path
+
+
 def reload_in_fresh_process(model_dir, reference) -> dict:
-    """The export loaded by transformers alone in a new Python process: its logits against the engine's."""
+    """The export loaded by transformers alone in a new Python process: its logits against the reference's."""
     done = subprocess.run([sys.executable, "-c", RELOAD, str(model_dir), str(reference)], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -221,8 +238,8 @@ def corpus_overlap(text: str) -> dict:
             "trigrams in corpus": [t for t in trigrams if f" {t} " in joined]}
 
 
-def test_hf_export_reloads_without_deepspeed_and_gives_the_engine_logits(routes_run, hf):
-    report = reload_in_fresh_process(hf[0], routes_run.output_dir / "reference" / "logits.pt")
+def test_hf_export_reloads_without_deepspeed_and_gives_the_checkpoints_logits(hf, reference, tmp_path):
+    report = reload_in_fresh_process(hf[0], reference_logits(reference, tmp_path / "logits.pt"))
     assert report["deepspeed_imported"] is False
     assert report["class"] == "GPT2LMHeadModel" and report["tied"] is True
     assert report["logits_shape"][0] == 2 and report["max_abs_logit_diff"] <= 1e-5
@@ -266,7 +283,7 @@ def bad_checkpoint(kind, src, tmp_path):
         (tmp_path / "plain" / "notes.txt").write_text("hello")
         return tmp_path / "plain"
     dst = tmp_path / "ckpt"
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("gathered16", "per_param", "reference"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("gathered16", "per_param"))
     tag = (dst / "latest").read_text().strip()
     if kind == "missing_rank_file":
         (dst / tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
@@ -377,7 +394,7 @@ def test_model_card_states_the_run_facts_and_the_hub_front_matter(routes_run, hf
     card = (hf[0] / "README.md").read_text()
     front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
     assert {"library_name: transformers", "pipeline_tag: text-generation", "license: mit"} <= set(front.splitlines())
-    tag = routes_run.data["latest_tag"]
+    tag = routes_run.latest_tag
     rows = dict(line.strip("|").split(" | ", 1) for line in body.splitlines() if line.startswith("| "))
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     assert rows["source checkpoint tag"] == tag

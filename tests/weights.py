@@ -5,25 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.layout import REFERENCE, WEIGHTS
+from zckpt_nb.format.layout import WEIGHTS
 
 
 def reference_state_dict(output_dir: str | Path) -> dict[str, Any]:
-    """Join the per-rank partitions `save_reference` wrote into full fp32 tensors, with plain torch.
+    """Join the fp32 partitions of the newest checkpoint's rank files into full tensors, with plain torch.
 
-    ZeRO-3 splits each flattened parameter into N equal slices (the last padded), slice r on rank r; written by
-    hand on purpose: using DeepSpeed's own consolidation here would make the check circular.
+    ZeRO-3 splits each flattened parameter into N equal slices (the last padded), slice r on rank r, one after another
+    in each rank's flat fp32 groups in `param_shapes` order; written by hand on purpose: using DeepSpeed's own
+    consolidation here would make the check circular.
     """
     import torch
 
-    paths = sorted((Path(output_dir) / REFERENCE).glob("partitions_rank*.pt"),
-                   key=lambda p: int(p.stem.removeprefix("partitions_rank")))
-    ranks = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
-    state = {}
-    for name, part in ranks[0].items():
-        flat = torch.cat([r[name]["shard"].reshape(-1) for r in ranks])
-        numel = int(torch.Size(part["shape"]).numel())
-        state[name] = flat[:numel].view(part["shape"]).clone()
+    tag_dir = Path(output_dir) / (Path(output_dir) / "latest").read_text().strip()
+    paths = sorted(tag_dir.glob("*_optim_states.pt"), key=lambda p: int(p.name.split("_")[3]))
+    flats = [torch.cat([t.reshape(-1) for t in torch.load(p, map_location="cpu", weights_only=False)
+                        ["optimizer_state_dict"]["fp32_flat_groups"]]) for p in paths]
+    states = torch.load(next(tag_dir.glob("*rank_0_*_model_states.pt")), map_location="cpu", weights_only=False)
+    state, offset = {}, 0
+    for name, shape in ((n, s) for group in states["param_shapes"] for n, s in group.items()):
+        per_rank = -(-shape.numel() // len(flats))
+        whole = torch.cat([flat[offset:offset + per_rank] for flat in flats])
+        state[name], offset = whole[:shape.numel()].view(shape).clone(), offset + per_rank
     return state
 
 

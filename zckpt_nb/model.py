@@ -132,13 +132,6 @@ def held_elements(model: Any) -> dict[str, int]:
             "persistent": sum(p.ds_numel for p in persistent)}
 
 
-def state_dict_placeholders(model: Any) -> dict[str, int]:
-    """What `model.state_dict()` returns on this rank under ZeRO-3: how many tensors, how many are empty."""
-    tensors = list(model.state_dict().values())
-    return {"tensors": len(tensors), "empty": sum(t.numel() == 0 for t in tensors),
-            "elements": sum(t.numel() for t in tensors)}
-
-
 def count_params(model: Any) -> int:
     """Number of distinct parameter elements (tied weights once), whether or not ZeRO-3 partitioned them."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

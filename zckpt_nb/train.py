@@ -42,7 +42,6 @@ from zckpt_nb.model import (
     gpt2_config,
     held_elements,
     param_count,
-    state_dict_placeholders,
 )
 from zckpt_nb.run import lifeline
 from zckpt_nb.run.options import TrainOptions
@@ -53,7 +52,6 @@ from zckpt_nb.saving.engine import ZckptEngine, install, launcher_env, writer_se
 from zckpt_nb.saving.log import SaveLog, ending_problem
 from zckpt_nb.saving.nodes import check_layout, drop_partial
 from zckpt_nb.saving.resume import load_verified, resume_source
-from zckpt_nb.saving.routes import save_reference
 
 
 @dataclass
@@ -370,22 +368,16 @@ def consolidated_saves(worker: Worker) -> list[SaveCost]:
 
 
 def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> None:
-    """After training: the consolidated saves, the reference, every rank's record into run.json, then the end."""
+    """After training: the consolidated saves, every rank's record into run.json, then the end."""
     import torch.distributed as dist
 
     opts, rank = worker.opts, worker.rank
-    placeholders = state_dict_placeholders(worker.engine.module)  # right after training, before any route gathers
     costs = [c for mine in gather(list(log.costs.values()) + consolidated_saves(worker)) for c in mine]
-    if opts.save_reference:
-        fixed = data.global_batch_for_step(worker.tokens, step=opts.steps, seed=opts.seed, global_batch=2,
-                                           seq_len=worker.preset.seq_len)
-        save_reference(worker.engine, fixed.to(worker.device), opts.output_dir, rank)
     tag = latest_name(opts.output_dir) if len(log.saves) > len(log.failed) else None
     records = gather(RankRecord(
         rank, **peak_memory(worker.device), save_seconds=log.save_seconds, saves=log.saves,
         step_starts=log.step_starts, loop_seconds=log.loop_seconds,
-        files=rank_files(opts.output_dir, tag, rank, committed=True) if tag else [], held=worker.held,
-        state_dict=placeholders))
+        files=rank_files(opts.output_dir, tag, rank, committed=True) if tag else [], held=worker.held))
     run_json_error = None
     if writes_folder(opts.node_local_storage):  # rank 0, or each node's local rank 0 with node-local storage
         run_json_error = write_run_json(worker, run_record(worker, log, history, start_step, tag, records, costs))

@@ -85,7 +85,6 @@ def universal_dir(ckpt_dir: str | Path, tag: str) -> Path:
 WEIGHTS = "pytorch_model.bin"  # the file name routes 1-3 write, as DeepSpeed and transformers name it
 DCP_KIND = "dcp"  # the manifest kind of a PyTorch DCP checkpoint converted from ZeRO-3 (convert.dcp)
 EXPORT_KIND = "export"  # the manifest kind of a Hugging Face folder written by `export`
-REFERENCE = "reference"  # folder of the independent reference the tests and notebooks compare against
 
 
 def node_rank() -> int:

@@ -106,8 +106,7 @@ class SaveRecord(SaveOutcome):
     started_at: float = 0.0  # seconds since the training loop began on this rank
     stall_seconds: float | None = None  # from the save call to the start of the next step (or the loop's end)
     durable_seconds: float | None = None  # from the save call to the commit; None: not durable, or failed
-    commit_wait_at: float | None = None  # DeepSpeed's decoupled engine: when a later step waited for its writer
-    commit_wait_seconds: float = 0.0  # and for how long
+    commit_wait_seconds: float = 0.0  # DeepSpeed's decoupled engine: how long a later step waited for its writer
 
 
 @dataclass
@@ -165,7 +164,6 @@ class RankRecord(Record):
     loop_seconds: float = 0.0  # when the loop ended, on the same clock
     files: list[dict[str, Any]] = field(default_factory=list)  # {path, bytes} of its files in the newest checkpoint
     held: dict[str, int] = field(default_factory=dict)  # parameter elements held: owned, persistent(_tensors)
-    state_dict: dict[str, int] = field(default_factory=dict)  # module.state_dict(): tensors, empty, elements
 
 
 @dataclass

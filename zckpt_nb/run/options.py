@@ -63,8 +63,6 @@ class TrainOptions(Record):
                                        "off, save_16bit_model saves nothing", ("auto", "on", "off"))
     node_local_storage: bool = option(False, "each node keeps its part of every checkpoint in its own --output_dir "
                                              "(DeepSpeed's checkpoint.use_node_local_storage)")
-    save_reference: bool = option(False, "after training, write each rank's raw partitions and the engine's logits "
-                                         "on a fixed batch to DIR/reference/ (what the equality checks compare with)")
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -76,7 +76,7 @@ class ZckptEngine(CheckpointEngine):
         super().__init__()
         self.inner, self.name = inner, inner.name
         self.files: Files | None = None  # the save in progress; None: DeepSpeed's own way
-        self.waits: list[tuple[float, float]] = []  # (start, seconds) of each commit and cleanup
+        self.waits: list[float] = []  # seconds of each commit and cleanup
 
     @contextmanager
     def capture(self, files: Files) -> Iterator[Files]:
@@ -136,10 +136,10 @@ class ZckptEngine(CheckpointEngine):
         try:
             return call(*args)
         finally:
-            self.waits.append((start, time.perf_counter() - start))
+            self.waits.append(time.perf_counter() - start)
 
-    def take_waits(self) -> list[tuple[float, float]]:
-        """(perf_counter start, seconds) of the commits and cleanups since the last call."""
+    def take_waits(self) -> list[float]:
+        """Seconds of the commits and cleanups since the last call."""
         waits, self.waits = self.waits, []
         return waits
 

@@ -50,10 +50,10 @@ class SaveLog:
             record.stall_seconds = time.perf_counter() - start
             self.stalled = None
 
-    def add_waits(self, waits: list[tuple[float, float]]) -> None:
+    def add_waits(self, waits: list[float]) -> None:
         """A later step (or the run's end) waited for the last save: DeepSpeed's decoupled writer finishing it."""
-        for start, seconds in waits if self.saves else []:
-            self.saves[-1].commit_wait_at, self.saves[-1].commit_wait_seconds = start - self.loop_start, seconds
+        if waits and self.saves:
+            self.saves[-1].commit_wait_seconds = waits[-1]
 
     def add(self, outcome: SaveOutcome, start: float, durable: bool, cost: SaveCost) -> None:
         """A save called at `start` returned; an asynchronous one in flight is completed by `settle`."""

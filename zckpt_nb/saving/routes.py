@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from zckpt_nb.format.layout import REFERENCE, WEIGHTS
+from zckpt_nb.format.layout import WEIGHTS
 
 
 def save_gathered16(engine: Any, out_dir: str | Path) -> Path:
@@ -46,19 +46,3 @@ def save_per_param(engine: Any, out_dir: str | Path) -> Path:
         torch.save(state, path)
     return path
 
-
-def save_reference(engine: Any, input_ids: Any, output_dir: str | Path, rank: int) -> Path:
-    """Write what the tests compare the routes against: raw `ds_tensor` slices and the logits."""
-    import torch
-
-    ref = Path(output_dir) / REFERENCE
-    ref.mkdir(parents=True, exist_ok=True)
-    parts = {name: {"shard": p.ds_tensor.detach().float().cpu().clone(), "shape": tuple(p.ds_shape)}
-             for name, p in engine.module.named_parameters()}
-    torch.save(parts, ref / f"partitions_rank{rank}.pt")
-    engine.eval()
-    with torch.no_grad():
-        logits = engine(input_ids=input_ids).logits.float().cpu()
-    if rank == 0:
-        torch.save({"input_ids": input_ids.cpu(), "logits": logits}, ref / "logits.pt")
-    return ref
