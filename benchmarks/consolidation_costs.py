@@ -52,7 +52,7 @@ def main() -> None:
 
     run = launch(args.nproc, args.steps, out, save_checkpoint=True, model=args.model, timeout=args.timeout,
                  save_16bit=True, save_gathered=True, progress=False)
-    costs = run.data["save_costs"] + [measure_offline(out, out / "offline").to_dict(),
+    costs = run.save_costs + [measure_offline(out, out / "offline").to_dict(),
                                       measure_export(out, out / "hf").to_dict()]
     (out / "costs.json").write_text(json.dumps({"num_params": run.num_params, "world_size": run.world_size,
                                                 "device": run.device, "save_costs": costs}, indent=1))

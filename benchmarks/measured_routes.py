@@ -131,7 +131,7 @@ def measure_world_size(model: str, n: int, routes: list[str], out_dir: Path, *, 
     run = launch(n, steps, fresh_dir(out_dir / f"{model}_n{n}_t{persistence_threshold}"), save_checkpoint=True,
                  model=model, **{IN_TRAINING[r]: True for r in routes if r in IN_TRAINING}, stop=stop,
                  persistence_threshold=persistence_threshold, dtype=dtype, **launch_options)
-    costs = [c for c in run.data["save_costs"] if c["mode"] in routes]
+    costs = [c for c in run.save_costs if c["mode"] in routes]
     for route, measure in (("offline", measure_offline), ("hf", measure_export)):
         if route in routes:
             check_stop(stop, f"the {route} route at N = {n}")

@@ -42,7 +42,7 @@ def measure(model: str, nproc: int, resume_on: int | None, root: Path, timeout: 
         resumed = launch(resume_on, steps + 1, root / model, resume=True, model=model, timeout=timeout,
                          verbose=False, progress=False)
         row |= {"resume_on": resume_on, "resume_wall_s": round(resumed.launch_seconds, 1),
-                "resume_reused_copy": resumed.data["resharded"]["reused"]}
+                "resume_reused_copy": resumed.resharded["reused"]}
     return row
 
 

@@ -79,7 +79,7 @@ def test_the_writer_processes_write_what_a_committed_save_writes(request, tmp_pa
     with Watcher(out) as watcher:
         done = run(out, keep_last=2, **PROCESS)
     assert committed_tags(out) == ["global_step8", "global_step12"] and latest_name(out) == "global_step12"
-    assert verify_cli(out).returncode == 0 and done.data["failed_saves"] == []
+    assert verify_cli(out).returncode == 0 and done.failed_saves == []
     assert same_losses(committed, done) <= 1e-5
     for tag in ("global_step8", "global_step12"):  # the same bytes as the synchronous save's, file for file
         mine = file_hashes(out, tag)
@@ -98,7 +98,7 @@ def test_a_killed_writer_fails_that_save_on_every_rank_and_the_next_save_commits
     with Watcher(out, kill_rank=1) as watcher:
         done = run(out, **PROCESS)
     assert watcher.killed is not None
-    failed = {f["tag"] for f in done.data["failed_saves"]}
+    failed = {f["tag"] for f in done.failed_saves}
     assert len(failed) == 1  # one save failed; the writer that replaced the dead one wrote the next
     for rank in done.ranks:  # every rank agreed on that save's failure and on its reason
         errors = [s["error"] for s in rank["saves"] if not s["committed"]]
@@ -120,4 +120,4 @@ def test_a_rank_killed_mid_save_takes_its_writer_with_it_and_resume_matches(requ
     assert len(watcher.seen) == 2 and all(gone(p) for p in watcher.seen.values())  # no orphan writer
     assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
     resumed = run(out, resume=True, **PROCESS)
-    assert resumed.data["resumed_from_step"] == 4 and same_losses(committed, resumed) <= 1e-5
+    assert resumed.resumed_from_step == 4 and same_losses(committed, resumed) <= 1e-5

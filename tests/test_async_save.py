@@ -23,7 +23,7 @@ def test_every_async_save_commits_and_records_its_stall_and_time_to_durable(asyn
     assert committed_tags(out) == ["global_step8", "global_step12"]  # rotation followed each commit
     assert [s["deleted"] for s in async_run.ranks[0]["saves"]] == [[], [], ["global_step4"]]
     assert latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
-    assert async_run.data["save_mode"] == "async" and async_run.data["failed_saves"] == []
+    assert async_run.save_mode == "async" and async_run.failed_saves == []
     for rank in async_run.ranks:
         for save in rank["saves"]:
             assert save["committed"] and save["error"] is None
@@ -31,7 +31,7 @@ def test_every_async_save_commits_and_records_its_stall_and_time_to_durable(asyn
             assert 0 < save["stall_seconds"] < save["durable_seconds"]
             assert save["snapshot_bytes"] >= save["estimated_bytes"] * 0.95
             assert {"snapshot", "write", "fsync", "hash", "protocol"} <= set(save["timings"])
-    for cost in async_run.data["save_costs"]:  # the files the background write put on disk, not the call's
+    for cost in async_run.save_costs:  # the files the background write put on disk, not the call's
         shards = [Path(f) for f in cost["files"] if "zero_pp_rank" in f]
         assert len(shards) == 2
         if shards[0].parent.name != "global_step4":  # rotated away since
@@ -55,7 +55,7 @@ def test_kill_9_during_the_background_write_keeps_the_previous_commit(async_run,
     assert latest_name(out) == "global_step4" and verify_cli(out).returncode == 0
     assert "global_step8" not in committed_tags(out)
     resumed = run(out, resume=True, **ASYNC)  # DeepSpeed's load_checkpoint reads the async checkpoint
-    assert resumed.data["resumed_from_step"] == 4 and resumed.steps == list(range(4, 12))
+    assert resumed.resumed_from_step == 4 and resumed.steps == list(range(4, 12))
     assert same_losses(async_run, resumed) <= 1e-5
     assert latest_name(out) == "global_step12" and verify_cli(out).returncode == 0
 
@@ -66,8 +66,8 @@ def test_a_full_disk_during_the_background_write_fails_that_save_on_every_rank(t
         monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk once the step-8 save has begun
         result = run(out, **ASYNC, worker=FAULTS)
         assert result.steps == list(range(12)), "training went on after the failed save"
-        assert [f["step"] for f in result.data["failed_saves"]] == [8]
-        assert "ENOSPC" in result.data["failed_saves"][0]["error"]
+        assert [f["step"] for f in result.failed_saves] == [8]
+        assert "ENOSPC" in result.failed_saves[0]["error"]
         assert not (out / "global_step8").exists(), "the failed save's partial files are removed"
         assert committed_tags(out) == ["global_step4", "global_step12"] and verify_cli(out).returncode == 0
         printed = [line for line in result.log if "save global_step8 failed" in line]

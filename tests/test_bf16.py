@@ -23,7 +23,7 @@ def bf16_run(tmp_path_factory):
 
 
 def test_bf16_trains_from_initialised_weights_and_saves_deepspeeds_bf16_files(bf16_run):
-    assert bf16_run.data["dtype"] == "bf16" and bf16_run.data["ds_config"]["bf16"]["enabled"]
+    assert bf16_run.dtype == "bf16" and bf16_run.ds_config["bf16"]["enabled"]
     assert abs(bf16_run.losses[0] - math.log(bf16_run.vocab_size)) < 0.15 * math.log(bf16_run.vocab_size)
     names = sorted(e.path for e in verify(bf16_run.output_dir).files)
     assert names == [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)] + \
@@ -34,7 +34,7 @@ def test_bf16_trains_from_initialised_weights_and_saves_deepspeeds_bf16_files(bf
 def test_bf16_resumes_weights_only_on_the_same_and_another_world_size(bf16_run, tmp_path, world):
     folder = copy_checkpoint(bf16_run.output_dir, tmp_path / "ckpt", "global_step3")
     run = launch(world, 6, folder, resume=True, **BF16, verbose=False, progress=False, timeout=600)
-    assert run.data["resumed_from_step"] == 3 and (run.data["resharded"] is not None) == (world != 2)
+    assert run.resumed_from_step == 3 and (run.resharded is not None) == (world != 2)
     worst = max(abs(a - b) for a, b in zip(bf16_run.losses[3:], run.losses, strict=True))
     assert worst <= (0 if world == 2 else 0.05), worst  # bf16 sums in another order differ in the 3rd digit
 
@@ -49,7 +49,7 @@ def test_bf16_async_saves_write_the_committed_saves_files_byte_for_byte(bf16_run
     """The asynchronous snapshot copies bf16 parameters and fp32 masters alike: same files, same SHA-256."""
     run = launch(2, 6, tmp_path / "async", save_every=3, **BF16, save_mode="async", verbose=False,
                  progress=False, timeout=600)
-    assert run.losses == bf16_run.losses and run.data["failed_saves"] == []
+    assert run.losses == bf16_run.losses and run.failed_saves == []
     for tag in ("global_step3", "global_step6"):
         mine = file_hashes(run.output_dir, tag)
         assert len(mine) == 4 and mine == file_hashes(bf16_run.output_dir, tag), tag

@@ -68,7 +68,7 @@ def ref_run(tmp_path_factory):
 def test_committed_checkpoints_carry_a_manifest_and_rotation_keeps_the_newest(ref_run):
     out = ref_run.output_dir
     assert committed_tags(out) == ["global_step8", "global_step12"]  # global_step4 rotated away
-    assert latest_name(out) == "global_step12" and ref_run.data["failed_saves"] == []
+    assert latest_name(out) == "global_step12" and ref_run.failed_saves == []
     manifest = json.loads((out / "global_step12" / MANIFEST).read_text())
     assert (manifest["world_size"], manifest["step"]) == (2, 12)
     assert manifest["identity"] == {"model": "tiny", "num_params": ref_run.num_params, "global_batch": 16}
@@ -130,7 +130,7 @@ def test_kill_9_mid_save_loses_nothing_and_resume_matches(ref_run, tmp_path, mon
     assert ("global_step8" in committed_tags(out)) == committed_8
     resumed = run(out, resume=True)
     start = 8 if committed_8 else 4
-    assert resumed.data["resumed_from_step"] == start and resumed.steps == list(range(start, STEPS))
+    assert resumed.resumed_from_step == start and resumed.steps == list(range(start, STEPS))
     assert same_losses(ref_run, resumed) <= 1e-5
     if not committed_8:
         assert any("ignoring incomplete checkpoint global_step8" in line for line in resumed.log)
@@ -145,7 +145,7 @@ def test_full_disk_and_read_only_folder_mid_training_lose_nothing(tmp_path, monk
             monkeypatch.setenv("ZCKPT_FAULT", "fill:0:8")  # a neighbour fills the disk during the step-8 save
             result = run(out, 16, worker=FAULTS)
             assert result.steps == list(range(16)), "training went on after both failed saves"
-            failed = {f["step"]: f["error"] for f in result.data["failed_saves"]}
+            failed = {f["step"]: f["error"] for f in result.failed_saves}
             assert set(failed) == {8, 12}
             assert "ENOSPC" in failed[8] and "zero_pp_rank_" in failed[8]
             assert "EROFS" in failed[12] and "global_step12" in failed[12]
@@ -326,10 +326,10 @@ def test_failed_rotation_keeps_the_new_checkpoint_and_latest(copy):
         assert committed_tags(copy) == ["global_step16"] and latest_name(copy) == "global_step16"
         assert verify_cli(copy).returncode == 0, "the new checkpoint is whole and 'latest' names it"
         assert stuck.is_file() and not (copy / "global_step12" / MANIFEST).exists(), "the old one is incomplete"
-        [error] = result.data["rotation_errors"]
+        [error] = result.rotation_errors
         assert (error["tag"], error["step"]) == ("global_step16", 16)
         assert "EPERM" in error["error"] and str(stuck) in error["error"]
-        assert result.data["failed_saves"] == [] and result.ranks[0]["saves"][-1]["deleted"] == []
+        assert result.failed_saves == [] and result.ranks[0]["saves"][-1]["deleted"] == []
         printed = [line for line in result.log if "rotation after global_step16 failed" in line]
         assert len(printed) == 2 and all("'latest' names it" in line for line in printed)  # one line per rank
 

@@ -80,10 +80,10 @@ def test_plain_fsdp2_loads_weights_moments_and_step_exactly(zero_run: RunResult,
             assert torch.equal(moments[kind].flatten(), torch.load(universal / name / f"{kind}.pt")), (name, kind)
         assert moments["step"].item() == SWITCH
     group = loaded["optimizer"]["param_groups"][0]
-    hyper = zero_run.data["ds_config"]["optimizer"]["params"]
+    hyper = zero_run.ds_config["optimizer"]["params"]
     assert (group["betas"], group["eps"], group["weight_decay"]) == (tuple(hyper["betas"]), hyper["eps"],
                                                                        hyper["weight_decay"])
-    assert group["lr"] == pytest.approx(zero_run.data["lrs"][SWITCH])  # the LR the next step trains with
+    assert group["lr"] == pytest.approx(zero_run.lrs[SWITCH])  # the LR the next step trains with
     assert loaded["train_state"]["step"] == SWITCH
     assert loaded["lr_scheduler"]["last_batch_iteration"] == SWITCH - 1
 
@@ -181,7 +181,7 @@ def test_fsdp2_on_3_ranks_continues_the_zero3_run(zero_run: RunResult, fsdp_leg:
     expected = zero_run.losses[SWITCH:2 * SWITCH]
     gaps = [abs(a - b) for a, b in zip(fsdp_leg.losses, expected)]
     assert max(gaps) < 1e-4, gaps
-    assert fsdp_leg.data["lrs"] == pytest.approx(zero_run.data["lrs"][SWITCH:2 * SWITCH], rel=1e-9)
+    assert fsdp_leg.lrs == pytest.approx(zero_run.lrs[SWITCH:2 * SWITCH], rel=1e-9)
     assert (fsdp_leg.output_dir / f"global_step{2 * SWITCH}" / ".metadata").is_file()
 
 
@@ -197,7 +197,7 @@ def back_to_zero(fsdp_leg: RunResult, tmp_path_factory: pytest.TempPathFactory) 
 def test_zero3_on_1_rank_resumes_from_dcp_and_continues_the_run(zero_run: RunResult, back_to_zero: Path) -> None:
     """The round trip ZeRO-3 (2) -> FSDP2 (3) -> ZeRO-3 (1) stays within 1e-4 of the uninterrupted run."""
     resumed = launch(1, STEPS, back_to_zero, resume=True, verbose=False, progress=False, timeout=600)
-    assert resumed.data["resumed_from_step"] == 2 * SWITCH and resumed.data["resharded"]
+    assert resumed.resumed_from_step == 2 * SWITCH and resumed.resharded
     gaps = [abs(a - b) for a, b in zip(resumed.losses, zero_run.losses[2 * SWITCH:])]
     assert len(gaps) == SWITCH and max(gaps) < 1e-4, gaps
 

@@ -42,7 +42,7 @@ def legs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
 
 def test_fsdp2_bf16_continues_the_bf16_zero3_run_and_saves_fp32_masters(legs: dict[str, RunResult]) -> None:
     base, bf16 = legs["zero3"], legs["bf16"]
-    assert bf16.data["dtype"] == "bf16" and bf16.steps == list(range(SWITCH, STEPS)) and bf16.world_size == 2
+    assert bf16.dtype == "bf16" and bf16.steps == list(range(SWITCH, STEPS)) and bf16.world_size == 2
     gaps = [abs(a - b) for a, b in zip(bf16.losses, base.losses[SWITCH:])]
     assert max(gaps) < BF16_TOLERANCE, gaps
     assert tensor_dtypes(bf16.output_dir / f"global_step{STEPS}") == {torch.float32}
@@ -50,6 +50,6 @@ def test_fsdp2_bf16_continues_the_bf16_zero3_run_and_saves_fp32_masters(legs: di
 
 def test_fsdp2_bf16_computes_in_bf16(legs: dict[str, RunResult]) -> None:
     """Same checkpoint, same data: only the compute dtype differs, so the losses must differ (bf16 rounds)."""
-    assert legs["fp32"].data["dtype"] == "fp32"
+    assert legs["fp32"].dtype == "fp32"
     assert legs["bf16"].losses != legs["fp32"].losses
     assert tensor_dtypes(legs["fp32"].output_dir / f"global_step{STEPS}") == {torch.float32}

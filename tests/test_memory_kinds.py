@@ -66,7 +66,7 @@ def test_a_cpu_snapshot_pins_nothing():
 def test_every_rank_records_each_memory_kind_of_each_save(tmp_path):
     """Two CPU ranks, two saves (one asynchronous): every save cost and rank record holds each kind on its own."""
     run = launch(2, 4, tmp_path / "run", save_every=2, save_mode="async", verbose=False, progress=False, timeout=300)
-    costs = run.data["save_costs"]
+    costs = run.save_costs
     assert {c["rank"] for c in costs} == {0, 1} and len(costs) == 4
     for c in costs:
         assert c["peak_memory_bytes"] > 50 * 2**20 and c["heap_extra_peak_bytes"] is not None

@@ -34,11 +34,11 @@ def source(full_run, tmp_path_factory):
 def test_resume_on_another_world_size_continues_the_same_optimisation(full_run, source, tmp_path, world):
     dst = shutil.copytree(source, tmp_path / "ckpt")
     run = launch(world, STEPS, dst, resume=True, verbose=False, progress=False, timeout=900)
-    assert run.data["resumed_from_step"] == RESUME_STEP and run.world_size == world
-    assert run.data["gradient_accumulation_steps"] == (2 if world == 1 else 1)  # tiny: 16 sequences, 8 at once
+    assert run.resumed_from_step == RESUME_STEP and run.world_size == world
+    assert run.gradient_accumulation_steps == (2 if world == 1 else 1)  # tiny: 16 sequences, 8 at once
     worst = max(abs(a - b) for a, b in zip(full_run.losses[RESUME_STEP:], run.losses, strict=True))
     assert worst <= 1e-4, f"2 -> {world}: losses differ by up to {worst:.2e}"
-    done = run.data["resharded"]
+    done = run.resharded
     assert done["source_world_size"] == 2 and not done["reused"]
     assert done["conversion"]["seconds"] > 0 and done["conversion"]["peak_rss_bytes"] > 2**20
     assert any(f"this run has {world}. Converted it to a universal checkpoint" in line for line in run.log)
@@ -51,7 +51,7 @@ def test_export_after_a_universal_load_equals_the_source_export(source, tmp_path
     # --steps = the checkpoint's step: load on 3 ranks, train nothing, gather every parameter (route 2)
     run = launch(3, RESUME_STEP, dst, resume=True, save_gathered=True, verbose=False, progress=False,
                  timeout=600)
-    assert run.data["resharded"]["reused"], "the copy `reshard` made was converted again"
+    assert run.resharded["reused"], "the copy `reshard` made was converted again"
     gathered = load_weights(dst / "per_param")
     exported = load_weights(export(source, tmp_path / "export", tag=TAG))
     assert compare_weights(gathered, exported)["exact"]

@@ -54,11 +54,6 @@ class RunResult(RunRecord):
         """Read `output_dir/run.json`, written by rank 0."""
         return cls(**vars(RunRecord.read(output_dir)), output_dir=output_dir, log=log, launch_seconds=seconds)
 
-    @property
-    def data(self) -> RunResult:
-        """The record itself: `run.data["losses"]` reads as `run.losses` (for code written while it was a dict)."""
-        return self
-
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (for the rendezvous)."""
