@@ -39,11 +39,11 @@ def extended(request, full_run, tmp_path_factory):
 def test_every_step_trains_at_the_lr_deepspeeds_scheduler_gives(full_run, extended):
     plan = extended.schedule
     new = plan.new_schedule
-    assert [round(x, 12) for x in full_run.data["lrs"]] == \
+    assert [round(x, 12) for x in full_run.lrs] == \
         [round(lr_at("tiny", s, STEPS), 12) for s in full_run.steps]
     horizon = LONGER if new else STEPS
-    assert (plan.checkpoint_horizon, plan.horizon, plan.resume_step) == (STEPS, horizon, STEPS)
-    first, *rest = zip(extended.steps, extended.data["lrs"])
+    assert (plan.checkpoint_horizon, plan.horizon, extended.resumed_from_step) == (STEPS, horizon, STEPS)
+    first, *rest = zip(extended.steps, extended.lrs)
     assert first[1] == pytest.approx(lr_at("tiny", STEPS, STEPS))  # restored with the optimizer
     assert all(lr == pytest.approx(lr_at("tiny", s, horizon), abs=1e-12) for s, lr in rest)
     assert (max(lr for _, lr in rest) > 0) == new, "past its horizon the kept schedule's LR is 0"

@@ -58,7 +58,6 @@ def test_each_rank_holds_about_p_over_n(full_run):
     assert sum(s.partition_numel for s in info.ranks) >= info.num_params
     for shard in info.ranks:
         assert abs(shard.partition_numel - info.num_params / 2) <= info.num_tensors  # padding: < 1 per tensor
-        assert shard.optimizer_numel == 2 * shard.partition_numel  # Adam's exp_avg and exp_avg_sq
 
 
 def test_resumed_losses_equal_the_uninterrupted_run(full_run, resumed_run):
@@ -66,7 +65,7 @@ def test_resumed_losses_equal_the_uninterrupted_run(full_run, resumed_run):
     by_step = dict(zip(full_run.steps, full_run.losses))
     diffs = [abs(by_step[s] - loss) for s, loss in zip(resumed_run.steps, resumed_run.losses)]
     assert max(diffs) <= 1e-5
-    assert resumed_run.data["resumed_from_step"] == RESUME_STEP
+    assert resumed_run.resumed_from_step == RESUME_STEP
 
 
 def test_deepspeed_zero_to_fp32_reads_the_checkpoint(full_run, tmp_path):

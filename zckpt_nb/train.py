@@ -30,7 +30,7 @@ from zckpt_nb.errors import (
     is_peer_failure,
 )
 from zckpt_nb.format.client_state import CLIENT_KEY, client_state
-from zckpt_nb.format.layout import latest_name, rank_files, tag_for, tag_step, writes_folder
+from zckpt_nb.format.layout import latest_name, rank_files, tag_for, writes_folder
 from zckpt_nb.format.records import RankRecord, Route, RunRecord, SaveCost, SaveMode, Schedule
 from zckpt_nb.measure.meters import files_under, flush_writes, measure, peak_memory
 from zckpt_nb.model import (
@@ -249,7 +249,7 @@ def find_resume_source(opts: TrainOptions, identity: dict[str, Any], rank: int) 
         print(note, flush=True)
     if writes_folder(opts.node_local_storage):
         drop_partial(opts.output_dir, tag)
-    plan = schedule.resume_schedule(opts.steps, tag_step(tag), schedule.saved_horizon(load_dir, tag),
+    plan = schedule.resume_schedule(opts.steps, schedule.saved_horizon(load_dir, tag),
                                     opts.new_schedule)
     old = plan.checkpoint_horizon
     if rank == 0 and old not in (None, opts.steps):  # say what happens to the LR

@@ -21,7 +21,6 @@ class RankShard:
     rank: int
     files: dict[str, int]  # file name -> bytes
     partition_numel: int  # fp32 parameter elements this rank owns, padding included
-    optimizer_numel: int  # elements of Adam's moment tensors for that partition
     payload_bytes: int  # bytes of tensor data in the rank's files; the rest of `bytes` is pickle header
 
     @property
@@ -72,12 +71,10 @@ def read_shard(rank: int, paths: dict[str, Path]) -> RankShard:
     """Sizes and element counts of one rank's files."""
     loaded = {kind: load(path, mmap=True) for kind, path in paths.items()}
     optim = loaded["optim"]["optimizer_state_dict"] if "optim" in loaded else {"fp32_flat_groups": []}
-    moments = optim.get("optimizer_state_dict", {}).get("state", {}).values()  # none when the file is missing
     return RankShard(
         rank=rank,
         files={p.name: p.stat().st_size for p in paths.values()},
         partition_numel=sum(t.numel() for t in optim["fp32_flat_groups"]),
-        optimizer_numel=sum(v.numel() for s in moments for v in s.values() if getattr(v, "dim", lambda: 0)() > 0),
         payload_bytes=sum(t.numel() * t.element_size() for t in tensors_in(loaded)),
     )
 

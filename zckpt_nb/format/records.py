@@ -142,12 +142,11 @@ class SaveCost(Record):
 
 @dataclass
 class Schedule(Record):
-    """The LR schedule's horizon and, across a resume, the checkpoint's horizon and the resume step."""
+    """The LR schedule's horizon and, across a resume, the checkpoint's horizon."""
 
     horizon: int
     checkpoint_horizon: int | None = None  # the horizon the checkpoint was trained with
     new_schedule: bool = False  # --new_schedule: decay over this run's --steps instead
-    resume_step: int | None = None
 
 
 @dataclass

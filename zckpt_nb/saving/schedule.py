@@ -17,6 +17,6 @@ def saved_horizon(load_dir: str | Path, tag: str) -> int | None:
     return states.get(CLIENT_KEY, {}).get("steps")
 
 
-def resume_schedule(steps: int, start: int, saved: int | None, new: bool) -> Schedule:
-    """The schedule a resume trains with: its horizon, the checkpoint's, and the resume step."""
-    return Schedule(steps if new or saved is None else saved, saved, new, start)
+def resume_schedule(steps: int, saved: int | None, new: bool) -> Schedule:
+    """The schedule a resume trains with: its horizon and the checkpoint's."""
+    return Schedule(steps if new or saved is None else saved, saved, new)
