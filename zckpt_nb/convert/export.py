@@ -19,7 +19,7 @@ from zckpt_nb.convert.streaming import lazy_state_dict, write_weights
 from zckpt_nb.convert.verify import check_output, newest_committed
 from zckpt_nb.errors import CheckpointError, UsageError, first_line
 from zckpt_nb.format.disk import check_writable, read_json, staged, umask
-from zckpt_nb.format.layout import ADAPTER_CONFIG, EXPORT_KIND, MANIFEST, committed_tags, latest_name, tag_dirs
+from zckpt_nb.format.layout import ADAPTER_CONFIG, EXPORT_KIND, committed_tags, latest_name, tag_dirs
 from zckpt_nb.format.manifest import Manifest, commit, entries_under
 from zckpt_nb.model import gpt2_config
 
@@ -39,12 +39,7 @@ def check_checkpoint(ckpt_dir: Path, tag: str | None, config: str | Path | None 
                          f"tags found: {', '.join(tags) or 'none'}")
     if not (ckpt_dir / tag).is_dir():
         raise UsageError(f"tag {tag} does not exist in {ckpt_dir}; tags found: {', '.join(tags) or 'none'}")
-    if not (ckpt_dir / tag / MANIFEST).is_file():  # no sizes or hashes: nothing vouches for its files
-        raise UsageError(f"{ckpt_dir / tag} has no {MANIFEST}, so nothing vouches for its files: export a committed "
-                         f"--tag ({', '.join(committed_tags(ckpt_dir)) or 'none here'}), or, for a checkpoint "
-                         f"DeepSpeed wrote without zckpt_nb, first run: python -m zckpt_nb adopt {ckpt_dir} "
-                         f"--tag {tag}")
-    try:  # every file's size and SHA-256, then every rank file unpickled weights-only
+    try:  # the manifest, every file's size and SHA-256, then every rank file unpickled weights-only
         manifest = check_files(ckpt_dir, tag)
     except CheckpointError as e:
         raise UsageError(str(e)) from None

@@ -113,7 +113,7 @@ def fact_rows(facts: dict[str, Any]) -> str:
     unknown = "not recorded"
     loss = f"{facts['loss']:.4f} ({facts['loss_source']})" if facts["loss"] is not None else \
         f"{unknown} ({facts['loss_source']})"
-    sha = f"`{facts['manifest_sha256']}`" if facts["manifest_sha256"] else "none (saved without the commit protocol)"
+    sha = f"`{facts['manifest_sha256']}`"
     head = "the head is tied to the embedding" if facts["tied"] else "the output head has weights of its own"
     head = "the adapter's; the base model's are not in this folder" if facts["adapter"] else head
     rows = [("architecture", f"`{facts['model_type']}`"), ("preset", facts["preset"]),
