@@ -31,7 +31,7 @@ def die_with_parent() -> None:
 
 
 def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
-    """The writer process: write each job's files until told to stop (None) or orphaned."""
+    """The writer process: write each job's files until orphaned (its rank gone)."""
     from zckpt_nb.format.writer import skip_crc32
 
     die_with_parent()
@@ -41,8 +41,6 @@ def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
             job = jobs.get(timeout=POLL_S)
         except queue.Empty:
             continue
-        if job is None:
-            return
         answers.put(write_job(*job, zipfile=zipfile))
 
 
@@ -113,10 +111,3 @@ class ProcessWriter:
             except queue.Empty:
                 if not self.process.is_alive():
                     return None
-
-    def close(self) -> None:
-        """Stop the process (after the job in flight) and free the staging buffers."""
-        if self.process.is_alive():
-            self.jobs.put(None)
-            self.process.join(timeout=30)
-        self.staging.drop()

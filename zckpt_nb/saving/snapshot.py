@@ -28,10 +28,6 @@ class Staging:
         """Before each save (the one before it written): its buffers are free again, those it did not use dropped."""
         self.kept, self.used = self.used or self.kept, {}
 
-    def drop(self) -> None:
-        """Free every buffer."""
-        self.kept, self.used = {}, {}
-
     def buffer(self, key: tuple[str, int], tensor: Any, nbytes: int) -> Any:
         """A host buffer of `nbytes` for the source storage `key` (`tensor`'s), the last save's where it fits."""
         import torch
