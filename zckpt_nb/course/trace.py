@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -20,6 +20,8 @@ class Trace:
     peak_bytes: int  # the kernel's high-water mark of RSS (VmHWM), whatever the sampling missed in between
     returncode: int
     output: str
+    files: dict[str, int] = field(default_factory=dict)  # with by_file: each mapped file's resident bytes, by path,
+    # at the largest sample of mapped pages read from /proc/PID/smaps
 
 
 def rss_parts(pid: int) -> tuple[int, int, int] | None:
@@ -32,13 +34,33 @@ def rss_parts(pid: int) -> tuple[int, int, int] | None:
     return kib["RssAnon"], kib["RssFile"] + kib["RssShmem"], kib["VmHWM"]
 
 
+def file_pages(pid: int) -> dict[str, int] | None:
+    """Resident bytes of each file mapped into process `pid`, by path (from /proc/PID/smaps), or None once gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+    except OSError:
+        return None
+    pages: dict[str, int] = {}
+    path = ""
+    for line in text.splitlines():
+        if line.startswith("Rss:"):
+            if path:
+                pages[path] = pages.get(path, 0) + int(line.split()[1]) * 1024
+        elif line and not line[0].isupper():  # a mapping's first line (its fields start "Name:"): its path last
+            head = line.split(None, 5)
+            path = head[5] if len(head) > 5 and head[5].startswith("/") else ""
+    return pages
+
+
 def trace_command(command: list[str], *, interval: float = 0.02, timeout: float = 1800,
-                  env: dict[str, str] | None = None) -> Trace:
+                  env: dict[str, str] | None = None, by_file: bool = False) -> Trace:
     """Run `command`, sampling its RSS every `interval` s from this process (so it is not slowed); kill its process
     group after `timeout` s.
 
     The peak is the kernel's high-water mark of the command's own memory (`VmHWM`, which exec starts afresh), read
-    at every sample. Not `ru_maxrss` from `wait4`: Linux carries into it the RSS of the forked copy of this process
+    at every sample. With `by_file`, whenever the mapped pages have grown by 1 MiB and 0.5 s has passed since the
+    last read, /proc/PID/smaps is read too: `files` keeps each mapped file's pages at the largest such read. Not
+    `ru_maxrss` from `wait4`: Linux carries into it the RSS of the forked copy of this process
     before exec, so a large parent (a Jupyter kernel) would hide a smaller child's peak.
     """
     import os
@@ -47,6 +69,7 @@ def trace_command(command: list[str], *, interval: float = 0.02, timeout: float 
     import tempfile
 
     trace = Trace(list(command), [], [], [], 0.0, 0, 0, "")
+    read_at, read_bytes = 0.0, 0  # the last smaps read: when, and the mapped bytes then
     with tempfile.TemporaryFile() as log:
         start = time.perf_counter()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -58,6 +81,10 @@ def trace_command(command: list[str], *, interval: float = 0.02, timeout: float 
                 trace.anon.append(parts[0])
                 trace.file.append(parts[1])
                 trace.peak_bytes = max(trace.peak_bytes, parts[2])
+                now = time.perf_counter()
+                if by_file and parts[1] >= read_bytes + 2**20 and now - read_at >= 0.5:
+                    if (pages := file_pages(proc.pid)) is not None:
+                        trace.files, read_at, read_bytes = pages, now, sum(pages.values())
             time.sleep(interval)
         trace.wall = time.perf_counter() - start
         proc.returncode = trace.returncode = os.waitstatus_to_exitcode(done[1])
