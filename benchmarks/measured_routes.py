@@ -137,7 +137,7 @@ def measure_world_size(model: str, n: int, routes: list[str], out_dir: Path, *, 
             check_stop(stop, f"the {route} route at N = {n}")
             costs.append(measure(run.output_dir, run.output_dir / route).to_dict())
     shards = {s.rank: s for s in inspect_checkpoint(run.output_dir).ranks}
-    return [record(run.data, c, shards) for c in costs]
+    return [record(run, c, shards) for c in costs]
 
 
 def load_records(out_dir: str | Path) -> list[Measured]:
