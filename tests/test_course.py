@@ -158,3 +158,20 @@ def test_a_command_runs_bounded_and_a_failure_says_what_each_rank_said_in_a_few_
     with pytest.raises(LaunchTimeout):
         runs.run(f"python -c 'import time; print(\"{tmp_path}\", flush=True); time.sleep(60)'", timeout=2, echo=False)
     assert time.monotonic() - start < 20 and not procs_mentioning(str(tmp_path))
+
+
+@pytest.mark.fast
+def test_the_permutation_test_notebook_06_teaches_is_the_one_notebook_09_imports():
+    import ast
+    import itertools
+
+    from zckpt_nb.course.stats import chance
+
+    nb = nbformat.read(next(p for p in notebook_paths() if p.name.startswith("06_")), as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "def chance(a, b):" in c.source)
+    defs = [n for n in ast.parse(cell).body if isinstance(n, ast.FunctionDef) and n.name in ("wins", "chance")]
+    space: dict = {"itertools": itertools}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), "06", "exec"), space)
+    cases = [([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]), ([1, 3, 5, 7, 9], [2, 4, 6, 8, 10]), ([1, 2], [30, 40]),
+             ([0.5, 0.5, 2.0], [0.5, 1.0, 3.0, 0.2]), ([3.0, 1.0, 2.0], [2.0, 2.0])]
+    assert [space["chance"](a, b) for a, b in cases] == [chance(a, b) for a, b in cases]
