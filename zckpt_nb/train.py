@@ -345,15 +345,11 @@ def save_now(worker: Worker, checkpointer: Checkpointer, log: SaveLog, step: int
 
 def consolidated_saves(worker: Worker) -> list[SaveCost]:
     """The consolidated routes asked for, on every rank, each into its own folder; their costs."""
-    import deepspeed.comm as ds_comm
     import torch.distributed as dist
 
     opts, rank = worker.opts, worker.rank
     routes = [route for route, asked in ((Route.GATHERED16, opts.save_16bit), (Route.PER_PARAM, opts.save_gathered))
               if asked]
-    summarise = bool(routes) and ds_comm.comms_logger.enabled
-    if summarise:
-        ds_comm.reset_log()  # the summary below then covers the consolidated saves only
     costs = []
     for route in routes:
         folder = Path(opts.output_dir) / route
@@ -362,8 +358,6 @@ def consolidated_saves(worker: Worker) -> list[SaveCost]:
         costs.append(measure(route, partial(Checkpointer(worker.engine, folder, mode=route).save, opts.steps),
                              rank=rank, device=worker.device,
                              written=lambda folder=folder: files_under(folder) if rank == 0 else []))
-    if summarise:
-        ds_comm.log_summary()
     return costs
 
 
