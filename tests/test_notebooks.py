@@ -110,6 +110,7 @@ def check_01(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert any("the live master/moment tensors (same storage)" in line for line in held)
     assert any("same tensor bytes at both thresholds" in line for line in held)
     assert any("both fixes and safeload.load read the same fp32 slice" in line for line in held)  # plain torch.load
+    assert any("is the parameters' own slices: Σ p.ds_tensor.numel() elements" in line for line in held)  # measure.py
     prefix = "bf16_" if get["DTYPE"] == "bf16" else ""  # CPU ranks: "auto" is fp32
     assert any(f"every optimizer file is named {prefix}zero_pp_rank_" in line for line in held)
     other = 100_000 if get["OTHER_THRESHOLD"] is None else get["OTHER_THRESHOLD"]  # None: DeepSpeed's default
