@@ -1,8 +1,8 @@
 """What a ZeRO-3 `load_checkpoint` builds, reads or gathers, noted inside the rank (notebook 03).
 
-`install()` wraps four DeepSpeed functions (once per process, before the engines are built): zero_to_fp32's read of
-every rank's optimizer file, the whole fp32 state dict `get_fp32_state_dict_from_zero_checkpoint` joins from them, the
-parameters a `GatheredParameters` block gathers whole, and the engine's read of this rank's own optimizer file.
+`install()` wraps four DeepSpeed functions (once per process; the first `watched` call runs it): zero_to_fp32's read
+of every rank's optimizer file, the whole fp32 state dict `get_fp32_state_dict_from_zero_checkpoint` joins from them,
+the parameters a `GatheredParameters` block gathers whole, and the engine's read of this rank's own optimizer file.
 `watched(call)` runs a call; during it, and only then, each wrapper notes its bytes. `largest_moment` reads Adam's
 moments after a load (0 in a fresh optimizer).
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 MARKS: list[dict[str, Any]] = []  # during a watched call: {"what", "bytes"} for each wrapped call
 _WATCHING = [False]
+_INSTALLED = [False]
 
 
 def _mark(what: str, nbytes: int) -> None:
@@ -23,7 +24,11 @@ def _mark(what: str, nbytes: int) -> None:
 
 
 def install() -> None:
-    """Wrap the four DeepSpeed functions a ZeRO-3 load can go through; outside `watched` they note nothing."""
+    """Wrap the four DeepSpeed functions a ZeRO-3 load can go through; outside `watched` they note nothing. Once per
+    process: a second call does nothing."""
+    if _INSTALLED[0]:
+        return
+    _INSTALLED[0] = True
     import deepspeed
     import deepspeed.runtime.engine as engine_module
     import torch.distributed as dist
@@ -64,7 +69,8 @@ def install() -> None:
 
 
 def watched(call: Callable[[], Any]) -> tuple[Any, list[dict[str, Any]]]:
-    """Run `call`: what it returned, and the marks the wrapped functions noted during it."""
+    """Run `call`: what it returned, and the marks the wrapped functions noted during it (`install` first, once)."""
+    install()
     MARKS.clear()
     _WATCHING[0] = True
     try:
