@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,3 +93,56 @@ def trace_command(command: list[str], *, interval: float = 0.02, timeout: float 
         log.seek(0)
         trace.output = log.read().decode(errors="replace")
     return trace
+
+
+@contextmanager
+def children(*, interval: float = 0.02, by_file: bool = False) -> Iterator[dict[int, Trace]]:
+    """While the block runs, sample from a thread every process this one starts (its direct children, listed in
+    /proc/self/task/*/children) as `trace_command` samples its one: RSS parts every `interval` s, the kernel's peak
+    and, with `by_file`, each mapped file's pages. Yields a dict that fills as the block runs: a Trace by pid, its
+    `command` read from /proc/PID/cmdline. A child is traced from its exec on (a sample taken before, on the forked
+    copy of this process, is dropped); `wall`, `returncode` and `output` are left to whatever ran it."""
+    import threading
+
+    traces: dict[int, Trace] = {}
+    reads: dict[int, tuple[float, int]] = {}  # per pid, the last smaps read: when, and the mapped bytes then
+    stop, start = threading.Event(), time.perf_counter()
+    own = Path("/proc/self/cmdline").read_bytes()
+
+    def sample() -> None:
+        while not stop.is_set():
+            pids = set()
+            for listing in Path("/proc/self/task").glob("*/children"):
+                try:
+                    pids.update(int(pid) for pid in listing.read_text().split())
+                except OSError:
+                    continue
+            for pid in pids:
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if cmdline == own or not cmdline or (parts := rss_parts(pid)) is None:  # not exec'd yet, or gone
+                    continue
+                command = cmdline.decode(errors="replace").split("\0")[:-1]
+                trace = traces.get(pid)
+                if trace is None or trace.command != command:
+                    trace = traces[pid] = Trace(command, [], [], [], 0.0, 0, 0, "")
+                now = time.perf_counter()
+                trace.seconds.append(now - start)
+                trace.anon.append(parts[0])
+                trace.file.append(parts[1])
+                trace.peak_bytes = max(trace.peak_bytes, parts[2])
+                read_at, read_bytes = reads.get(pid, (0.0, 0))
+                if by_file and parts[1] >= read_bytes + 2**20 and now - read_at >= 0.5:
+                    if (pages := file_pages(pid)) is not None:
+                        trace.files, reads[pid] = pages, (now, sum(pages.values()))
+            stop.wait(interval)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield traces
+    finally:
+        stop.set()
+        thread.join()
