@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import zipfile
 from pathlib import Path
 
 import nbformat
@@ -404,7 +405,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (42 if get("GATHER_16BIT") else 43), held
+    assert len(held) == (44 if get("GATHER_16BIT") else 45), held
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
     trained, resumed = ({(r, s): x for r, s, *x in re.findall(rf"rank (\d+): {what} step (\d+) loss (\S+) lr (\S+)",
                                                               lines)} for what in ("trained", "resumed"))
@@ -443,6 +444,11 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert f"✓ by hand, the broken copy is refused, naming rank {dropped}'s {kind.split('_')[0]} states" in held
     assert any(line.startswith("✓ by hand, the checkpoint passes, and every rank file's SHA-256 equals")
                for line in held)
+    flipped = next((runs / "raw_flipped" / tag).glob("*optim_states.pt"))  # one bit flipped: torch.load still reads it
+    with zipfile.ZipFile(flipped) as archive:
+        assert "/data/" in archive.testzip()  # its CRC-32 names the damaged tensor record
+    with zipfile.ZipFile(runs / "raw" / tag / flipped.name) as archive:
+        assert archive.testzip() is None
 
     def exact(export_dir: Path, ckpt_dir: Path, ckpt_tag: str) -> int:
         exported = {k: v for f in export_dir.glob("*.safetensors") for k, v in load_file(f).items()}
@@ -464,6 +470,9 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
 
     full, log = logged("trainer"), (runs / "trainer.log").read_text()  # resumed and control: in the same launch
+    assert re.search(r"use_cpu True: TrainingArguments set up PartialState MULTI_CPU \(backend gloo, .*Trainer's "
+                     r"Accelerator: distributed_type DEEPSPEED, backend gloo, ZeRO stage 3, model wrapped in "
+                     r"DeepSpeedEngine", log)  # use_cpu reaches the PartialState only: Trainer still runs DeepSpeed
     found = {run: json.loads(re.search(rf"{run} logged losses (.*)$", log, re.M)[1]) for run in ("resumed", "control")}
     resumed, control = ({int(s): x for s, x in found[run].items()} for run in ("resumed", "control"))
     assert all(full[s] == resumed[s] for s in (steps + 1, steps + 2))  # CPU ranks: bit for bit
@@ -501,8 +510,8 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert any(line.startswith("✓ adopt refused a folder with one RNG file for ") for line in held)
     batches = set()
     for r in range(nproc):  # the no-backend processes: each its own torch.distributed rank, accelerate's process 0
-        found = re.search(rf"RANK={r}: accelerate backend None, process_index 0 of num_processes 1; "
-                          rf"torch.distributed rank {r} of {nproc};.* first batch (\[.*?\]); "
+        found = re.search(rf"RANK={r}: distributed_type DEEPSPEED, accelerate backend None, process_index 0 of "
+                          rf"num_processes 1; torch.distributed rank {r} of {nproc} \(gloo\);.* first batch (\[.*?\]); "
                           r"prepared DataLoader\(range\(6\)\) gives (\[.*\])",
                           (runs / f"no_backend_{r}.log").read_text())
         batches.add(found[1])
