@@ -296,6 +296,9 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     if "async" in modes:  # and its first save, kept apart; every one committed, the newest with its manifest
         assert sum(r["repeat"] is None for r in packaged) == n and all(r["committed"] for r in packaged)
         assert timed == [(i, rank) for i in range(side) for rank in range(n)], timed
+        for r in packaged:  # its call cut by the same wrappers as commit's: all four parts, nested in the call
+            parts = [r["timings"][k] for k in ("preflight", "deepspeed", "files", "after")]
+            assert min(parts) >= 0 and sum(parts) <= r["call_s"] + 1e-6, r
         assert (folder / "packaged_async" / (folder / "packaged_async" / "latest").read_text() / MANIFEST).is_file()
     else:
         assert not packaged
