@@ -569,7 +569,9 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
     get = {**parameter_defaults(BY_PREFIX["10"]), **parameters}.get
     switch, dtype, held = get("SWITCH_STEP"), lesson_dtype(get("DTYPE")), passed_checks(nb)
-    assert len(held) == 29, held
+    assert len(held) == 30, held
+    assert any("LambdaLR (the preset's lr" in line and "gives DeepSpeed's learning rate, bit for bit" in line
+               for line in held)  # fsdp_leg.py's gamma against WarmupDecayLR at every scheduler step
     assert any(line.startswith("✓ so the job would train step 1 at learning rate 0 from zero moments")
                for line in held)  # exercise 3: allow_partial_load from the weights-only folder, run
     assert any(line.startswith("✓ rebuilt by hand, every parameter's fp32 weights, exp_avg and exp_avg_sq equal "
