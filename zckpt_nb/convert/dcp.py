@@ -37,7 +37,7 @@ from zckpt_nb.convert.verify import check_hashes, check_output, listed_files, ne
 from zckpt_nb.convert.zero_shards import MOMENTS, WEIGHTS, ShardReader, check_frozen_kept
 from zckpt_nb.errors import CheckpointError, UsageError, first_line, os_error_in
 from zckpt_nb.format.client_state import CLIENT_KEY
-from zckpt_nb.format.disk import atomic_write, staged
+from zckpt_nb.format.disk import atomic_write, fsync_all, staged
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
 from zckpt_nb.format.manifest import FileEntry, Manifest, commit, entries_under, read_manifest
 from zckpt_nb.format.units import counted, secs
@@ -462,10 +462,11 @@ def written_params(source: DcpSource, zero: Path, digests: dict[str, str]) -> li
 
 
 def save(obj: Any, path: Path) -> str:
-    """torch.save through `format.writer.DirectFile` (a full disk raises its OSError); the file's SHA-256."""
+    """torch.save through `format.writer.DirectFile`, not fsynced (`write_zero` fsyncs every file together; a full disk
+    raises its OSError); the file's SHA-256."""
     import torch
 
-    with DirectFile(path) as f:
+    with DirectFile(path, sync=False) as f:
         torch.save(obj, f)
     return f.hexdigest()
 
@@ -531,11 +532,12 @@ def write_zero(out: Path, source: DcpSource, hf_config: Any) -> str:
     (out / tag).mkdir()
     commit(out / tag, Manifest(tag, source.step, [], world_size=0, identity=identity, from_dcp=str(source.folder)))
     files = entries_under(uni, digests)  # no rank files in the tag: DeepSpeed loads the universal copy
+    fsync_all([uni / e.path for e in files])  # durable together, timed, before the manifest
     source_bytes = known.total_bytes() if known else sum(p.stat().st_size for p in source.folder.iterdir())
     cost = {"seconds": time.perf_counter() - start, "peak_rss_bytes": meters.rss_high_water() or 0,
             "bytes": sum(e.bytes for e in files), "source_bytes": source_bytes}
     commit(uni, Manifest(tag, source.step, files, kind=UNIVERSAL, identity=identity,
                          source_world_size=source.world_size, source_manifest_sha256=manifest_hash(out, tag),
-                         conversion=cost), synced=True)  # every file fsynced by its writer
+                         conversion=cost), synced=True)
     atomic_write(out / "latest", tag)
     return tag

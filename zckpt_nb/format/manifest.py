@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.disk import atomic_write, fsync_dir, read_json
+from zckpt_nb.format.disk import atomic_write, fsync_all, fsync_dir, read_json
 from zckpt_nb.format.layout import DCP_KIND, EXPORT_KIND, MANIFEST, SHARED_FILES, UNIVERSAL
 
 FORMAT, VERSION = "zckpt-manifest/", 1  # the one version field: "zckpt-manifest/1"
@@ -166,10 +165,7 @@ def shared_entries(ckpt_dir: Path) -> list[FileEntry]:
 def commit(folder: Path, manifest: Manifest, synced: bool = False) -> None:
     """Commit `folder`: files and folder entries fsynced, then `manifest` written last and atomically."""
     here = [folder / e.path for e in manifest.files if e not in manifest.elsewhere()]
-    for path in [] if synced else here + [folder.parent / e.path for e in manifest.shared]:
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-    for sub in sorted({folder, *(path.parent for path in here)}):
-        fsync_dir(sub)
+    files = [] if synced else here + [folder.parent / e.path for e in manifest.shared]
+    fsync_all(files + sorted({folder, *(path.parent for path in here)}))  # together, on threads
     atomic_write(folder / MANIFEST, manifest.to_json())
     fsync_dir(folder.parent)

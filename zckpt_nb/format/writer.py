@@ -64,10 +64,11 @@ def skip_crc32() -> None:
 
 
 class DirectFile:
-    """A write-only O_DIRECT file that hashes (SHA-256) and writes on a worker thread, fsynced at close."""
+    """A write-only O_DIRECT file that hashes (SHA-256) and writes on a worker thread, fsynced at close unless `sync`
+    is False (the caller fsyncs it before its commit: from-dcp makes its ~270 files durable together, `fsync_all`)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.fd, self.direct = open_direct(path)
+    def __init__(self, path: str | Path, sync: bool = True) -> None:
+        self.fd, self.direct, self.sync = *open_direct(path), sync
         self.buffers = BLOCKS.take()  # anonymous maps are page-aligned
         self.fill, self.written, self.sha, self.pending = 0, 0, hashlib.sha256(), None
         self.closed = False
@@ -127,7 +128,7 @@ class DirectFile:
         write_all(self.fd, view)
 
     def close(self) -> None:
-        """Write the tail, fsync, close; always closes the descriptor and stops the worker; idempotent."""
+        """Write the tail, fsync (if `sync`), close; always closes the descriptor and stops the worker; idempotent."""
         if self.closed:
             return
         self.closed = True
@@ -142,7 +143,8 @@ class DirectFile:
                 self.sha.update(tail)
                 write_all(self.fd, tail)
             start = time.perf_counter()
-            os.fsync(self.fd)
+            if self.sync:
+                os.fsync(self.fd)
             self.fsync_seconds += time.perf_counter() - start
         finally:
             self.release()
