@@ -548,7 +548,7 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"), get("FILE_MS"))
         part = next(r for r in plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD"),
                                     fs_cap_gbps=get("FS_CAP_GBPS")) if r.route == "partitioned")
-        mtbf = job_mtbf_seconds(get("GPU_MTBF_HOURS"), n)
+        mtbf = job_mtbf_seconds(get("GPU_INTERRUPTION_HOURS"), n)
         shared = min(get("WRITE_GBPS"), get("FS_CAP_GBPS") / n)  # each rank's write while all n write, under the cap
         modes = {"commit": (part.stall_s, 0.0), "async": (part.written_bytes / (get("COPY_GBPS") * 1e9),
                                                          part.written_bytes / (shared * 1e9))}
