@@ -284,6 +284,11 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
             assert r["committed"] and r["timings"]["thread_files"] > 0 and r["timings"]["thread_commit"] > 0, r
     if "async" in modes:  # the by-hand commit's manifest, in the tag `latest` names
         assert (folder / "async" / (folder / "async" / "latest").read_text() / "manifest.json").is_file()
+    if "plain" in modes and len(modes) > 1:  # commit leaves the package's wrapper on DeepSpeed's engine: the last
+        # plain save (after every other mode's) must still get torch.save(path), not the writer's file object
+        last = max((folder / "plain").glob("global_step*"), key=lambda p: int(p.name[len("global_step"):]))
+        shard = next(last.glob("*zero_pp_rank_0_*optim_states.pt"))
+        assert zipfile.ZipFile(shard).namelist()[0].split("/")[0] == shard.stem, shard
     held = json.loads((folder / "held_rank0.json").read_text())  # the persistence threshold's tensors kept whole
     assert (held["persistent_tensors"] > 0) == (get("PERSISTENCE_THRESHOLD") > 0) and held["owned"] >= held[
         "elements"] / n
