@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -22,8 +22,6 @@ class Trace:
     peak_bytes: int  # the kernel's high-water mark of RSS (VmHWM), whatever the sampling missed in between
     returncode: int
     output: str
-    files: dict[str, int] = field(default_factory=dict)  # with by_file: each mapped file's resident bytes, by path,
-    # at the largest sample of mapped pages read from /proc/PID/smaps
 
 
 def rss_parts(pid: int) -> tuple[int, int, int] | None:
@@ -36,33 +34,24 @@ def rss_parts(pid: int) -> tuple[int, int, int] | None:
     return kib["RssAnon"], kib["RssFile"] + kib["RssShmem"], kib["VmHWM"]
 
 
-def file_pages(pid: int) -> dict[str, int] | None:
-    """Resident bytes of each file mapped into process `pid`, by path (from /proc/PID/smaps), or None once gone."""
-    try:
-        text = Path(f"/proc/{pid}/smaps").read_text()
-    except OSError:
-        return None
-    pages: dict[str, int] = {}
-    path = ""
-    for line in text.splitlines():
-        if line.startswith("Rss:"):
-            if path:
-                pages[path] = pages.get(path, 0) + int(line.split()[1]) * 1024
-        elif line and not line[0].isupper():  # a mapping's first line (its fields start "Name:"): its path last
-            head = line.split(None, 5)
-            path = head[5] if len(head) > 5 and head[5].startswith("/") else ""
-    return pages
+def sample(trace: Trace, pid: int, seconds: float) -> bool:
+    """Append one sample of process `pid`, taken `seconds` after the start, to `trace`; False once it is gone."""
+    if (parts := rss_parts(pid)) is None:
+        return False
+    trace.seconds.append(seconds)
+    trace.anon.append(parts[0])
+    trace.file.append(parts[1])
+    trace.peak_bytes = max(trace.peak_bytes, parts[2])
+    return True
 
 
 def trace_command(command: list[str], *, interval: float = 0.02, timeout: float = 1800,
-                  env: dict[str, str] | None = None, by_file: bool = False) -> Trace:
+                  env: dict[str, str] | None = None) -> Trace:
     """Run `command`, sampling its RSS every `interval` s from this process (so it is not slowed); kill its process
     group after `timeout` s.
 
     The peak is the kernel's high-water mark of the command's own memory (`VmHWM`, which exec starts afresh), read
-    at every sample. With `by_file`, whenever the mapped pages have grown by 1 MiB and 0.5 s has passed since the
-    last read, /proc/PID/smaps is read too: `files` keeps each mapped file's pages at the largest such read. Not
-    `ru_maxrss` from `wait4`: Linux carries into it the RSS of the forked copy of this process
+    at every sample. Not `ru_maxrss` from `wait4`: Linux carries into it the RSS of the forked copy of this process
     before exec, so a large parent (a Jupyter kernel) would hide a smaller child's peak.
     """
     import os
@@ -71,22 +60,13 @@ def trace_command(command: list[str], *, interval: float = 0.02, timeout: float 
     import tempfile
 
     trace = Trace(list(command), [], [], [], 0.0, 0, 0, "")
-    read_at, read_bytes = 0.0, 0  # the last smaps read: when, and the mapped bytes then
     with tempfile.TemporaryFile() as log:
         start = time.perf_counter()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         while not (done := os.wait4(proc.pid, os.WNOHANG))[0]:
             if time.perf_counter() - start > timeout:
                 os.killpg(proc.pid, signal.SIGKILL)
-            if (parts := rss_parts(proc.pid)) is not None:
-                trace.seconds.append(time.perf_counter() - start)
-                trace.anon.append(parts[0])
-                trace.file.append(parts[1])
-                trace.peak_bytes = max(trace.peak_bytes, parts[2])
-                now = time.perf_counter()
-                if by_file and parts[1] >= read_bytes + 2**20 and now - read_at >= 0.5:
-                    if (pages := file_pages(proc.pid)) is not None:
-                        trace.files, read_at, read_bytes = pages, now, sum(pages.values())
+            sample(trace, proc.pid, time.perf_counter() - start)
             time.sleep(interval)
         trace.wall = time.perf_counter() - start
         proc.returncode = trace.returncode = os.waitstatus_to_exitcode(done[1])
@@ -96,20 +76,19 @@ def trace_command(command: list[str], *, interval: float = 0.02, timeout: float 
 
 
 @contextmanager
-def children(*, interval: float = 0.02, by_file: bool = False) -> Iterator[dict[int, Trace]]:
+def children(*, interval: float = 0.02) -> Iterator[dict[int, Trace]]:
     """While the block runs, sample from a thread every process this one starts (its direct children, listed in
-    /proc/self/task/*/children) as `trace_command` samples its one: RSS parts every `interval` s, the kernel's peak
-    and, with `by_file`, each mapped file's pages. Yields a dict that fills as the block runs: a Trace by pid, its
-    `command` read from /proc/PID/cmdline. A child is traced from its exec on (a sample taken before, on the forked
-    copy of this process, is dropped); `wall`, `returncode` and `output` are left to whatever ran it."""
+    /proc/self/task/*/children) as `trace_command` samples its one: RSS parts every `interval` s and the kernel's
+    peak. Yields a dict that fills as the block runs: a Trace by pid, its `command` read from /proc/PID/cmdline. A
+    child is traced from its exec on (a sample taken before, on the forked copy of this process, is dropped); `wall`,
+    `returncode` and `output` are left to whatever ran it."""
     import threading
 
     traces: dict[int, Trace] = {}
-    reads: dict[int, tuple[float, int]] = {}  # per pid, the last smaps read: when, and the mapped bytes then
     stop, start = threading.Event(), time.perf_counter()
     own = Path("/proc/self/cmdline").read_bytes()
 
-    def sample() -> None:
+    def watch() -> None:
         while not stop.is_set():
             pids = set()
             for listing in Path("/proc/self/task").glob("*/children"):
@@ -122,24 +101,18 @@ def children(*, interval: float = 0.02, by_file: bool = False) -> Iterator[dict[
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if cmdline == own or not cmdline or (parts := rss_parts(pid)) is None:  # not exec'd yet, or gone
+                if cmdline == own or not cmdline:  # not exec'd yet
                     continue
                 command = cmdline.decode(errors="replace").split("\0")[:-1]
                 trace = traces.get(pid)
-                if trace is None or trace.command != command:
-                    trace = traces[pid] = Trace(command, [], [], [], 0.0, 0, 0, "")
-                now = time.perf_counter()
-                trace.seconds.append(now - start)
-                trace.anon.append(parts[0])
-                trace.file.append(parts[1])
-                trace.peak_bytes = max(trace.peak_bytes, parts[2])
-                read_at, read_bytes = reads.get(pid, (0.0, 0))
-                if by_file and parts[1] >= read_bytes + 2**20 and now - read_at >= 0.5:
-                    if (pages := file_pages(pid)) is not None:
-                        trace.files, reads[pid] = pages, (now, sum(pages.values()))
+                fresh = trace is None or trace.command != command
+                if fresh:
+                    trace = Trace(command, [], [], [], 0.0, 0, 0, "")
+                if sample(trace, pid, time.perf_counter() - start) and fresh:
+                    traces[pid] = trace
             stop.wait(interval)
 
-    thread = threading.Thread(target=sample, daemon=True)
+    thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     try:
         yield traces
