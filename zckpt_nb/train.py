@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb import data
+from zckpt_nb.convert.safeload import load
 from zckpt_nb.convert.verify import check_config
 from zckpt_nb.errors import (
     CheckpointError,
@@ -45,13 +46,14 @@ from zckpt_nb.model import (
 )
 from zckpt_nb.run import lifeline
 from zckpt_nb.run.options import TrainOptions
-from zckpt_nb.saving import schedule
 from zckpt_nb.saving.api import Checkpointer
-from zckpt_nb.saving.collective import gather
+from zckpt_nb.saving.collective import gather, timeout_seconds
 from zckpt_nb.saving.engine import ZckptEngine, install, launcher_env, writer_section
 from zckpt_nb.saving.log import SaveLog, ending_problem
 from zckpt_nb.saving.nodes import check_layout, drop_partial
 from zckpt_nb.saving.resume import load_verified, resume_source
+
+CUBLAS_WORKSPACE = ":4096:8"  # what cuBLAS needs to be deterministic (CUDA's and torch's reproducibility notes)
 
 
 @dataclass
@@ -61,7 +63,7 @@ class ResumeSource:
     tag: str
     load_dir: Path
     universal: dict[str, Any] | None  # the universal copy's manifest, when the world size changed
-    plan: Schedule  # the LR schedule across the resume (saving.schedule)
+    plan: Schedule  # the LR schedule across the resume
 
 
 @dataclass
@@ -120,9 +122,6 @@ def skip_shm_op() -> None:
     # The op serves only inference_all_reduce; loading it takes torch's extension file lock, which a killed rank
     # leaves behind, and every later job on the machine then waits forever.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-CUBLAS_WORKSPACE = ":4096:8"  # what cuBLAS needs to be deterministic (CUDA's and torch's reproducibility notes)
 
 
 def set_determinism(choice: str, device: str) -> str:
@@ -220,7 +219,7 @@ def set_up(opts: TrainOptions, engine_kind: type[ZckptEngine] = ZckptEngine) -> 
     import torch.distributed as dist
 
     wall_start = time.perf_counter()
-    backend, device = setup_distributed(opts.timeout_seconds())
+    backend, device = setup_distributed(timeout_seconds(opts.collective_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     check_layout(opts.output_dir, opts.node_local_storage)  # before anything is built or written
     determinism = set_determinism(opts.deterministic, device)
@@ -242,16 +241,18 @@ def set_up(opts: TrainOptions, engine_kind: type[ZckptEngine] = ZckptEngine) -> 
 
 def find_resume_source(opts: TrainOptions, identity: dict[str, Any], rank: int) -> ResumeSource:
     """Every rank: the newest committed checkpoint, verified (converted when N differs), and the LR plan across it."""
-    tag, note, load_dir, universal = resume_source(opts.output_dir, identity, timeout=0.9 * opts.timeout_seconds(),
-                                                   convert=opts.reshard == "auto")
+    tag, note, load_dir, universal = resume_source(opts.output_dir, identity, convert=opts.reshard == "auto",
+                                                   timeout=0.9 * timeout_seconds(opts.collective_timeout))
     check_config(opts.output_dir, gpt2_config(opts.model).to_dict(), opts.model)
     if note and rank == 0:
         print(note, flush=True)
     if writes_folder(opts.node_local_storage):
         drop_partial(opts.output_dir, tag)
-    plan = schedule.resume_schedule(opts.steps, schedule.saved_horizon(load_dir, tag),
-                                    opts.new_schedule)
-    old = plan.checkpoint_horizon
+    # DeepSpeed saves WarmupDecayLR's position, not its horizon: the client state keeps it ("steps"), and a resume
+    # with other --steps continues it (past it the LR is 0) unless --new_schedule asks for the new one
+    states = load(min((load_dir / tag).glob("zero_pp_rank_*_mp_rank_00_model_states.pt")), mmap=True)
+    old, new = states.get(CLIENT_KEY, {}).get("steps"), opts.new_schedule
+    plan = Schedule(opts.steps if new or old is None else old, old, new)
     if rank == 0 and old not in (None, opts.steps):  # say what happens to the LR
         print(f"--new_schedule: the LR now decays over {opts.steps} steps instead of {old}" if plan.new_schedule
               else f"--steps {opts.steps} but the checkpoint's LR schedule ends at step {old}: continuing it (the LR "
@@ -374,7 +375,14 @@ def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> 
         files=rank_files(opts.output_dir, tag, rank, committed=True) if tag else [], held=worker.held))
     run_json_error = None
     if writes_folder(opts.node_local_storage):  # rank 0, or each node's local rank 0 with node-local storage
-        run_json_error = write_run_json(worker, run_record(worker, log, history, start_step, tag, records, costs))
+        out = Path(opts.output_dir)
+        try:  # atomically: never half a file
+            out.mkdir(parents=True, exist_ok=True)
+            run_record(worker, log, history, start_step, tag, records, costs).write(out)
+        except OSError as e:  # the disk stayed full or read-only: reported in one line, not a traceback
+            with suppress(OSError):
+                (out / "run.json.tmp").unlink(missing_ok=True)
+            run_json_error = describe_error(e, e.filename or out / "run.json", rank)
     dist.barrier()
     dist.destroy_process_group()
     problem = ending_problem(log.saves, log.failed, run_json_error)
@@ -398,19 +406,6 @@ def run_record(worker: Worker, log: SaveLog, history: History, start_step: int, 
         schedule=source.plan if source else Schedule(worker.horizon), latest_tag=tag, failed_saves=log.failed,
         rotation_errors=log.rotation_errors, save_costs=costs, ds_config=worker.config,
         wall_seconds=time.perf_counter() - worker.wall_start)
-
-
-def write_run_json(worker: Worker, run: RunRecord) -> str | None:
-    """Write run.json (atomically: never half a file); one line saying why when the disk refuses it."""
-    out = Path(worker.opts.output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        run.write(out)
-    except OSError as e:  # the disk stayed full or read-only: reported in one line, not a traceback
-        with suppress(OSError):
-            (out / "run.json.tmp").unlink(missing_ok=True)
-        return describe_error(e, e.filename or out / "run.json", worker.rank)
-    return None
 
 
 if __name__ == "__main__":

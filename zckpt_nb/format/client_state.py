@@ -35,4 +35,4 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def client_state(step: int, seed: int, global_batch: int, world_size: int, horizon: int) -> dict[str, Any]:
     """What exact resumption needs beyond DeepSpeed's state (a universal load hands every rank rank 0's)."""
     return {CLIENT_KEY: {"step": step, "seed": seed, "global_batch": global_batch, "world_size": world_size,
-                         "steps": horizon, "rng": rng_state()}}  # steps: the LR schedule's horizon (schedule.py)
+                         "steps": horizon, "rng": rng_state()}}  # steps: the LR schedule's horizon (train.py)

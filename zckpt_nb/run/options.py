@@ -11,11 +11,9 @@ from typing import Any
 from zckpt_nb.errors import UsageError
 from zckpt_nb.format.records import Record, SaveMode
 from zckpt_nb.model import PRESETS
-from zckpt_nb.saving.collective import timeout_seconds
 
 
 def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    """A dataclass field with its command-line help (and choices)."""
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
@@ -80,7 +78,6 @@ class TrainOptions(Record):
 
     @classmethod
     def parse(cls, argv: list[str] | None = None) -> TrainOptions:
-        """The worker's command line, as options."""
         return cls.from_namespace(cls.add_arguments(argparse.ArgumentParser(prog="zckpt_nb.train")).parse_args(argv))
 
     @classmethod
@@ -116,7 +113,3 @@ class TrainOptions(Record):
                 continue
             flags += [f"--{f.name}"] + ([] if value is True else [str(value)])
         return flags
-
-    def timeout_seconds(self) -> float:
-        """Seconds a collective may wait: `collective_timeout`, else $ZCKPT_COLLECTIVE_TIMEOUT, else 600."""
-        return timeout_seconds(self.collective_timeout)
