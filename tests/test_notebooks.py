@@ -412,7 +412,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (45 if get("GATHER_16BIT") else 46), held
+    assert len(held) == (47 if get("GATHER_16BIT") else 48), held
     assert any(line.startswith("✓ a missing model-states file: adopt refuses, naming rank 1's model states; "
                                "DeepSpeed's reader returns every tensor") for line in held)
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
@@ -488,6 +488,17 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert not all(full[s] == control[s] for s in (steps + 1, steps + 2))  # the batches replayed: not the same
     assert "✓ every resumed loss equals the uninterrupted run's" in held
     assert any(line.startswith("✓ the control fails the same test: resumed without skipping") for line in held)
+    drawn = {run: {int(s): x for s, x in json.loads(re.search(rf"{run} draws (.*)$", log, re.M)[1]).items()}
+             for run in ("uninterrupted", "resumed", "control")}  # rank 0's torch.rand(1) before each step
+    past = (steps + 1, steps + 2)
+    assert [drawn["resumed"][s] for s in past] == [drawn["uninterrupted"][s] for s in past] != [
+        drawn["uninterrupted"][s] for s in (1, 2)]  # the generator as saved after the skip, not as seeded
+    generator = torch.Generator()
+    generator.set_state(safe_load(runs / "trainer" / f"checkpoint-{steps}" / "rng_state_0.pth")["cpu"])
+    torch.empty((), dtype=torch.int64).random_(generator=generator)  # the control: restored, then the base seed drawn
+    assert [drawn["control"][s] for s in past] == [torch.rand(1, generator=generator).item() for _ in past]
+    assert any(line.startswith("✓ the resumed run drew what the uninterrupted run drew at steps") for line in held)
+    assert any(line.startswith("✓ the control's draws are the saved generator's after one int64") for line in held)
     names = [p.name for p in (runs / "trainer" / f"checkpoint-{steps}" / tag).glob("*optim_states.pt")]
     assert len(names) == nproc and all(n.startswith("bf16_") == (lesson_dtype(get("DTYPE")) == "bf16") for n in names)
 
