@@ -7,7 +7,6 @@ the same table but is itself collective).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import sys
@@ -116,31 +115,6 @@ def pinned_host_bytes() -> int:
     return int(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
 
 
-class PeakCuda:
-    """Peak allocated GPU memory while a block runs (torch's counter, reset at the start)."""
-
-    def __enter__(self) -> PeakCuda:
-        import torch
-
-        PEAKS_BEFORE_RESETS["cuda"] = max(PEAKS_BEFORE_RESETS["cuda"], torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
-        self.baseline = self.peak = torch.cuda.memory_allocated()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        import torch
-
-        self.peak = torch.cuda.max_memory_allocated()
-
-
-def count_object_collective(objects: list[Any]) -> None:
-    """Count one all_gather_object (DeepSpeed's comms logger never sees torch's object collectives)."""
-    import pickle
-
-    OBJECT_COLLECTIVES["ops"] += 1
-    OBJECT_COLLECTIVES["bytes"] += sum(len(pickle.dumps(o)) + 8 for o in objects)
-
-
 def comm_counts() -> dict[str, dict[int, int]] | None:
     """DeepSpeed's comms-logger record so far: op -> {size: count}; {} without a group, None if off."""
     comm = sys.modules.get("deepspeed.comm")
@@ -177,10 +151,17 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
     """Run `save()` and return its SaveCost; `written()` lists the files this rank wrote (called afterwards)."""
     on_gpu = device.startswith("cuda")
     before, objects = comm_counts(), dict(OBJECT_COLLECTIVES)
-    with HostMemory() as host, (PeakCuda() if on_gpu else contextlib.nullcontext()) as gpu:
+    if on_gpu:  # peak allocated GPU memory while it runs: torch's counter, reset at the start
+        import torch
+
+        PEAKS_BEFORE_RESETS["cuda"] = max(PEAKS_BEFORE_RESETS["cuda"], torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        cuda_baseline = torch.cuda.memory_allocated()
+    with HostMemory() as host:
         start = time.perf_counter()
         save()
         seconds = time.perf_counter() - start
+    cuda_peak = torch.cuda.max_memory_allocated() if on_gpu else 0
     ops = comm_delta(before, comm_counts())
     sizes = sizes_of(sorted(set(written())))  # a failed save's files may be removed meanwhile
     return SaveCost(mode=mode, rank=rank, seconds=seconds, peak_memory_bytes=int(host.peak_rss),
@@ -188,8 +169,8 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
                     bytes_written=sum(sizes.values()),
                     comm_bytes=None if ops is None else sum(o["bytes"] for o in ops.values()), comm_ops=ops or {},
                     heap_extra_peak_bytes=None if host.baseline_heap is None else host.peak_heap - host.baseline_heap,
-                    cuda_peak_bytes=int(gpu.peak) if on_gpu else None,
-                    cuda_extra_peak_bytes=int(gpu.peak - gpu.baseline) if on_gpu else None,
+                    cuda_peak_bytes=int(cuda_peak) if on_gpu else None,
+                    cuda_extra_peak_bytes=int(cuda_peak - cuda_baseline) if on_gpu else None,
                     pinned_host_bytes=pinned_host_bytes() if on_gpu else None,
                     bytes_read=sum(Path(p).stat().st_size for p in read), files=[str(p) for p in sizes],
                     protocol_comm_ops=OBJECT_COLLECTIVES["ops"] - objects["ops"],
@@ -197,7 +178,6 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
 
 
 def files_under(root: str | Path) -> list[Path]:
-    """Every file below `root` (what a route wrote into its own folder)."""
     return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
 

@@ -22,23 +22,13 @@ from zckpt_nb.saving import rotation
 from zckpt_nb.saving.async_save import AsyncSaver
 from zckpt_nb.saving.collective import timeout_seconds
 from zckpt_nb.saving.commit import prepare_folder, save_committed
-from zckpt_nb.saving.engine import install, writer_zipfile
+from zckpt_nb.saving.engine import install
 from zckpt_nb.saving.process_writer import ProcessWriter
 from zckpt_nb.saving.resume import agreed_resume_tag, load_verified, universal_copy
 from zckpt_nb.saving.routes import save_gathered16, save_per_param
 
 ROUTE_SAVES = {Route.GATHERED16: save_gathered16, Route.PER_PARAM: save_per_param}  # the routes run in the ranks
-
-
-def parse_mode(mode: str) -> SaveMode | Route:
-    """`mode` as a `SaveMode`, or a `Route` that runs in the ranks; UsageError naming the choices otherwise."""
-    if mode in ROUTE_SAVES:
-        return Route(mode)
-    try:
-        return SaveMode(mode)
-    except ValueError:
-        choices = ", ".join([*SaveMode, *ROUTE_SAVES])
-        raise UsageError(f"save mode {mode!r} is not one of {choices}") from None
+PENDING_KEY = "zckpt_pending_micro_batches"  # the client state's record of a save made mid-accumulation
 
 
 def adapter(engine: Any) -> Any:
@@ -59,47 +49,44 @@ def write_shared(engine: Any, tokenizer: Any, folder: str) -> None:
         peft.save_pretrained(folder)
 
 
-PENDING_KEY = "zckpt_pending_micro_batches"  # the client state's record of a save made mid-accumulation
-
-
-def pending_micro_batches(engine: Any) -> int:
-    """Micro-batches trained since the engine's last optimizer step: their gradients are in no checkpoint."""
-    managed = getattr(engine, "managed_gradient_accumulation", lambda: True)()
-    return engine.micro_steps % engine.gradient_accumulation_steps() if managed else 0
-
-
 class Checkpointer:
     """Every save mode behind one call; build one and call `save` on every rank at the same steps."""
 
     def __init__(self, engine: Any, output_dir: str | Path, *, mode: str = SaveMode.COMMIT, tokenizer: Any = None,
                  keep_last: int = 0, identity: dict[str, Any] | None = None,
                  collective_timeout: float | None = None) -> None:
+        if mode not in [*SaveMode, *ROUTE_SAVES]:
+            raise UsageError(f"save mode {mode!r} is not one of {', '.join([*SaveMode, *ROUTE_SAVES])}")
         self.engine, self.output_dir, self.tokenizer = engine, Path(output_dir), tokenizer
-        self.mode, self.keep_last, self.identity = parse_mode(mode), keep_last, identity or {}
+        self.mode = Route(mode) if mode in ROUTE_SAVES else SaveMode(mode)  # a Route runs in the ranks
+        self.keep_last, self.identity = keep_last, identity or {}
         install(engine)  # the package's checkpoint engine, given to DeepSpeed once
         if isinstance(self.mode, SaveMode) and self.mode.durable:
             skip_crc32()  # each file is hashed as it is written (format.writer)
         self.saver = None
         if self.mode in (SaveMode.ASYNC, SaveMode.ASYNC_PROCESS):
-            process = ProcessWriter(writer_zipfile(engine)) if self.mode == SaveMode.ASYNC_PROCESS else None
+            # the writer process writes torch's zip format where DeepSpeed's torch engine does (its config's default)
+            zipfile = getattr(install(engine).inner, "zipfile_serialization", True)
+            process = ProcessWriter(zipfile) if self.mode == SaveMode.ASYNC_PROCESS else None
             self.saver = AsyncSaver(engine, output_dir, self.identity, keep_last=keep_last,
                                     timeout_s=timeout_seconds(collective_timeout), process=process)
 
     def save(self, step: int, client_state: dict[str, Any] | None = None) -> SaveOutcome:
         """Save at `step` with `client_state` on every rank; a failed write sets `.committed` False, no raise."""
-        state, tag = dict(client_state or {}), tag_for(step)
-        pending = pending_micro_batches(self.engine)
+        state, tag, engine = dict(client_state or {}), tag_for(step), self.engine
+        # micro-batches trained since the engine's last optimizer step: their gradients are in no checkpoint
+        managed = getattr(engine, "managed_gradient_accumulation", lambda: True)()
+        pending = engine.micro_steps % engine.gradient_accumulation_steps() if managed else 0
         if pending:  # in the checkpoint (resume hands it back), in the outcome, and said once on rank 0
             state[PENDING_KEY] = pending
-            if self.engine.global_rank == 0:
-                warnings.warn(f"{tag}: saved after {pending} of {self.engine.gradient_accumulation_steps()} "
-                              f"micro-batches of optimizer step {self.engine.global_steps + 1}; their gradients are "
+            if engine.global_rank == 0:
+                warnings.warn(f"{tag}: saved after {pending} of {engine.gradient_accumulation_steps()} "
+                              f"micro-batches of optimizer step {engine.global_steps + 1}; their gradients are "
                               "not saved, so a resume trains them again (save right after the engine.step() that "
                               "ends an accumulation)", stacklevel=2)
         return replace(self.saved(step, tag, state), pending_micro_batches=pending)
 
     def saved(self, step: int, tag: str, state: dict[str, Any]) -> SaveOutcome:
-        """The save itself, in this checkpointer's mode."""
         start = time.perf_counter()
         if self.mode in ROUTE_SAVES:
             ROUTE_SAVES[self.mode](self.engine, self.output_dir)
@@ -122,7 +109,6 @@ class Checkpointer:
         return self.saver.poll() if self.saver else None
 
     def finish(self) -> SaveOutcome | None:
-        """Wait for the asynchronous save in flight, if any; its outcome."""
         return self.saver.finish() if self.saver else None
 
     def preparation(self, tag: str) -> Any:

@@ -80,7 +80,6 @@ class AsyncSaver:
         return self.finish()
 
     def finish(self) -> SaveOutcome | None:
-        """Wait for the save in flight (if any) to be committed or failed; its outcome."""
         if self.flight is None:
             return None
         flight, self.flight = self.flight, None
@@ -90,26 +89,21 @@ class AsyncSaver:
         return flight.outcome
 
     def write_and_commit(self, flight: InFlight) -> None:
-        """The background thread: write, agree and commit on the saver's own group, rotate."""
+        """The background thread: write the copies, agree and commit on the saver's own group, rotate."""
         GROUP.set(self.group)  # this thread's protocol collectives (in its own copy of the caller's context)
         try:
-            flight.outcome = self.commit_written(flight)
+            writer, files = install(self.engine), flight.files
+            (self.process or writer).write_snapshots(files)
+            commit_start = time.perf_counter()
+            node_local = bool(self.engine.use_node_local_storage())
+            error = commit.agree_and_commit(writer, self.save_dir, flight.tag, flight.step, files, self.identity,
+                                            node_local)
+            end = time.perf_counter()
+            flight.outcome = SaveOutcome(flight.tag, flight.step, error is None, error, end - flight.start,
+                                         files.timings(files.write_seconds, end - commit_start),
+                                         estimated_bytes=flight.need, snapshot_bytes=files.snapshot_bytes,
+                                         pinned_bytes=files.pinned_bytes, durable_at=end)
+            if flight.outcome.committed and self.keep_last:
+                rotation.after_commit(self.save_dir, self.keep_last, flight.outcome, node_local)
         except BaseException as e:  # handed to the training thread, which raises it
             flight.failure = e
-
-    def commit_written(self, flight: InFlight) -> SaveOutcome:
-        """Write the copies, agree and commit, rotate: this rank's outcome of the save."""
-        writer, files = install(self.engine), flight.files
-        (self.process or writer).write_snapshots(files)
-        commit_start = time.perf_counter()
-        node_local = bool(self.engine.use_node_local_storage())
-        error = commit.agree_and_commit(writer, self.save_dir, flight.tag, flight.step, files, self.identity,
-                                        node_local)
-        end = time.perf_counter()
-        timings = files.timings(files.write_seconds, end - commit_start)
-        outcome = SaveOutcome(flight.tag, flight.step, error is None, error, end - flight.start, timings,
-                              estimated_bytes=flight.need, snapshot_bytes=files.snapshot_bytes,
-                              pinned_bytes=files.pinned_bytes, durable_at=end)
-        if outcome.committed and self.keep_last:
-            rotation.after_commit(self.save_dir, self.keep_last, outcome, node_local)
-        return outcome

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from contextvars import ContextVar
 from typing import Any
 
@@ -25,7 +26,8 @@ def gather(obj: Any) -> list[Any]:
         if not is_peer_failure(e):
             raise
         raise peer_failure(e, dist.get_rank(), "the commit protocol's agreement") from None
-    meters.count_object_collective(out)  # DeepSpeed's comms logger does not see torch's object collectives
+    meters.OBJECT_COLLECTIVES["ops"] += 1  # DeepSpeed's comms logger does not see torch's object collectives
+    meters.OBJECT_COLLECTIVES["bytes"] += sum(len(pickle.dumps(item)) + 8 for item in out)
     return out
 
 

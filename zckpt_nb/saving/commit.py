@@ -18,7 +18,7 @@ from typing import Any
 from zckpt_nb.errors import describe_error, is_peer_failure, peer_failure
 from zckpt_nb.format.disk import atomic_write, nearest_existing, write_once
 from zckpt_nb.format.layout import MANIFEST, committed_tags, node_rank, writes_folder
-from zckpt_nb.format.manifest import Manifest, commit, shared_entries
+from zckpt_nb.format.manifest import Manifest, commit, file_entry, shared_entries
 from zckpt_nb.format.records import SaveOutcome
 from zckpt_nb.format.sizes import save_bytes
 from zckpt_nb.format.units import mib
@@ -46,18 +46,6 @@ def prepare_folder(save_dir: str | Path, tag: str, write_shared: Callable[[str],
         write_once(save_dir, write_shared)
 
 
-def preflight(save_dir: Path, need: int, rank: int, prepare: Callable[[], None] | None,
-              error: str | None = None) -> dict[str, Any]:
-    """This rank's view before writing: an error line (a failed preparation too) or None, its bytes, the free bytes."""
-    if prepare and error is None:
-        try:
-            prepare()
-        except Exception as e:
-            error = describe_error(e, getattr(e, "filename", None) or save_dir, rank, "preparing")
-    free = shutil.disk_usage(nearest_existing(save_dir)).free
-    return {"rank": rank, "error": error, "need": need, "free": free}
-
-
 def space_problem(reports: list[dict[str, Any]], save_dir: Path) -> str | None:
     """Refuse when the ranks' predicted bytes together exceed the free space a rank sees (a shared filesystem)."""
     need = sum(r["need"] for r in reports)
@@ -69,7 +57,6 @@ def space_problem(reports: list[dict[str, Any]], save_dir: Path) -> str | None:
 
 
 def first_errors(reports: list[dict[str, Any]]) -> str | None:
-    """Every rank's error line joined into one line, or None when all succeeded."""
     lines = [r["error"] for r in reports if r["error"]]
     return "; ".join(lines) if lines else None
 
@@ -82,7 +69,13 @@ def agreed_preflight(engine: Any, save_dir: Path, state: dict[str, Any], rank: i
         need = save_bytes(engine, state)
     except Exception as e:  # agreed below like any other problem, never raised on one rank alone
         error = describe_error(e, save_dir, rank, "predicting the size of")
-    reports = gather(preflight(save_dir, need, rank, prepare, error))
+    if prepare and error is None:  # the folder's writer prepares the folder; a failure is agreed like the rest
+        try:
+            prepare()
+        except Exception as e:
+            error = describe_error(e, getattr(e, "filename", None) or save_dir, rank, "preparing")
+    free = shutil.disk_usage(nearest_existing(save_dir)).free
+    reports = gather({"rank": rank, "error": error, "need": need, "free": free})  # this rank's view before writing
     return first_errors(reports) or space_problem(reports, save_dir), need
 
 
@@ -97,18 +90,13 @@ def run_save(engine: Any, files: Files, save_dir: Path, tag: str, state: dict[st
             raise peer_failure(e, files.rank, f"save of {tag}", after) from None
         where = getattr(e, "filename", None) or save_dir / tag
         files.fail(e, where, "saving")
-        if Path(where).name in RECOVERY_SCRIPTS:
-            finish_deepspeed_save(engine)
+        if Path(where).name in RECOVERY_SCRIPTS:  # rank 0's copy failed: the rest of DeepSpeed's save_checkpoint
+            import torch.distributed as dist
 
-
-def finish_deepspeed_save(engine: Any) -> None:
-    """Rank 0, its recovery-script copy failed: the rest of DeepSpeed's `save_checkpoint`."""
-    import torch.distributed as dist
-
-    epilogue = getattr(engine.optimizer, "checkpoint_event_epilogue", None)
-    if epilogue is not None:
-        epilogue()
-    dist.barrier()
+            epilogue = getattr(engine.optimizer, "checkpoint_event_epilogue", None)
+            if epilogue is not None:
+                epilogue()
+            dist.barrier()
 
 
 def agree_and_commit(writer: ZckptEngine, save_dir: Path, tag: str, step: int, files: Files,
@@ -118,7 +106,8 @@ def agree_and_commit(writer: ZckptEngine, save_dir: Path, tag: str, step: int, f
 
     writes = writes_folder(node_local)
     writer.protocol_point("written")
-    reports = gather({"rank": files.rank, "error": files.error, "files": files.records(save_dir / tag)})
+    entries = [file_entry(path, save_dir / tag, sha, files.rank, node_rank()) for path, sha in files.written]
+    reports = gather({"rank": files.rank, "error": files.error, "files": entries})
     error, commit_error = first_errors(reports), None
     if not error and writes:
         try:

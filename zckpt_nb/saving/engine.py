@@ -17,8 +17,6 @@ from typing import Any
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
 from zckpt_nb.convert.safeload import load
-from zckpt_nb.format.layout import node_rank
-from zckpt_nb.format.manifest import FileEntry, file_entry
 from zckpt_nb.format.records import SaveMode
 from zckpt_nb.format.writer import Written, write_hashed
 from zckpt_nb.measure.meters import pinned_host_bytes
@@ -58,10 +56,6 @@ class Files(Written):
         self.snapshot_bytes += snapshot.storage_bytes(copied)
         if snapshot.pins(state):  # torch's pinned pool rounds up to powers of two: up to 2x snapshot_bytes
             self.pinned_bytes = pinned_host_bytes()
-
-    def records(self, tag_dir: Path) -> list[FileEntry]:
-        """Manifest entries for the files this rank wrote."""
-        return [file_entry(path, tag_dir, sha, self.rank, node_rank()) for path, sha in self.written]
 
     def timings(self, write_seconds: float, protocol_seconds: float) -> dict[str, float]:
         """A save's stages in seconds (the hash runs beside the write, inside "write")."""
@@ -139,7 +133,6 @@ class ZckptEngine(CheckpointEngine):
             self.waits.append(time.perf_counter() - start)
 
     def take_waits(self) -> list[float]:
-        """Seconds of the commits and cleanups since the last call."""
         waits, self.waits = self.waits, []
         return waits
 
@@ -166,11 +159,6 @@ class ZckptEngine(CheckpointEngine):
 
     def preserves_storage_sharing(self) -> bool:
         return self.inner.preserves_storage_sharing()
-
-
-def writer_zipfile(engine: Any) -> bool:
-    """Whether DeepSpeed's torch engine writes `engine`'s files in torch's zip format (its config's default)."""
-    return getattr(install(engine).inner, "zipfile_serialization", True)
 
 
 def install(engine: Any, kind: type[ZckptEngine] = ZckptEngine) -> ZckptEngine:

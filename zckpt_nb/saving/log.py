@@ -8,18 +8,6 @@ from pathlib import Path
 
 from zckpt_nb.format.layout import latest_name, rank_files
 from zckpt_nb.format.records import Failure, SaveCost, SaveOutcome, SaveRecord
-from zckpt_nb.saving import rotation
-
-
-def report_failed_save(outcome: SaveOutcome, output_dir: str | Path, on_save_error: str) -> None:
-    """Every rank prints the same single line: what failed where, what is kept, what happens next."""
-    kept = latest_name(output_dir) or "none yet"
-    then = "training continues (--on_save_error continue)" if on_save_error == "continue" else \
-        "stopping every rank (--on_save_error abort)"
-    print(f"save {outcome.tag} failed: {outcome.error}; the previous checkpoint ({kept}) and 'latest' are "
-          f"untouched; {then}", flush=True)
-    if on_save_error == "abort":
-        sys.exit(1)
 
 
 class SaveLog:
@@ -74,7 +62,13 @@ class SaveLog:
         record.deleted, record.rotation_error = outcome.deleted, outcome.rotation_error
         if not outcome.committed:
             self.failed.append(Failure(outcome.tag, outcome.step, outcome.error))
-            report_failed_save(outcome, self.output_dir, self.on_save_error)
+            # every rank prints the same single line: what failed where, what is kept, what happens next
+            then = "training continues (--on_save_error continue)" if self.on_save_error == "continue" else \
+                "stopping every rank (--on_save_error abort)"
+            print(f"save {outcome.tag} failed: {outcome.error}; the previous checkpoint "
+                  f"({latest_name(self.output_dir) or 'none yet'}) and 'latest' are untouched; {then}", flush=True)
+            if self.on_save_error == "abort":
+                sys.exit(1)
             return
         if record.snapshot_bytes:  # asynchronous: the files were written after the call was measured
             files = rank_files(self.output_dir, outcome.tag, self.rank)
@@ -85,8 +79,10 @@ class SaveLog:
             record.durable_seconds = (outcome.durable_at or time.perf_counter()) - self.started[outcome.tag]
         if self.rank == 0:
             print(f"saved checkpoint {outcome.tag} in {outcome.seconds:.2f} s", flush=True)
-        if outcome.rotation_error:
-            self.rotation_errors.append(rotation.report(outcome))
+        if outcome.rotation_error:  # every rank prints the same single line; run.json records it
+            print(f"rotation after {outcome.tag} failed: {outcome.rotation_error}; {outcome.tag} is committed and "
+                  "'latest' names it; training continues", flush=True)
+            self.rotation_errors.append(Failure(outcome.tag, outcome.step, outcome.rotation_error))
 
 
 def ending_problem(saves: list[SaveRecord], failed: list[Failure], run_json_error: str | None) -> str | None:

@@ -22,15 +22,7 @@ from zckpt_nb.saving.rotation import delete_tag
 PROBE = ".zckpt_probe.node{}"
 
 
-def probe_report(output_dir: Path, tokens: dict[int, str]) -> dict[str, Any]:
-    """This rank's view: node, host, filesystem identity of `output_dir` and which nodes' probes it sees there."""
-    st = os.stat(output_dir)
-    sees = [n for n, token in tokens.items() if read_probe(output_dir / PROBE.format(n)) == token]
-    return {"node": node_rank(), "host": socket.gethostname(), "fs": f"{st.st_dev}:{st.st_ino}", "sees": sees}
-
-
 def read_probe(path: Path) -> str | None:
-    """A probe file's token, or None when this rank cannot see it."""
     try:
         return path.read_text()
     except OSError:
@@ -70,7 +62,10 @@ def check_layout(output_dir: str | Path, node_local: bool) -> None:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe.write_text(mine)
     tokens = dict(pair for pair in gather((node_rank(), mine) if mine else None) if pair)
-    reports = gather(probe_report(output_dir, tokens))
+    stat = os.stat(output_dir)  # this rank's view: node, host, the folder's identity, which nodes' probes it sees
+    sees = [n for n, token in tokens.items() if read_probe(output_dir / PROBE.format(n)) == token]
+    reports = gather({"node": node_rank(), "host": socket.gethostname(), "fs": f"{stat.st_dev}:{stat.st_ino}",
+                      "sees": sees})
     dist.barrier()  # every rank has looked before any probe goes
     if mine:
         probe.unlink(missing_ok=True)

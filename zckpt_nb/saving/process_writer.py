@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zckpt_nb.format.sizes import tensors_in
-from zckpt_nb.format.writer import Written, write_hashed
+from zckpt_nb.format.writer import Written, skip_crc32, write_hashed
 from zckpt_nb.measure.meters import libc
 from zckpt_nb.saving.snapshot import Staging, host_copy
 
@@ -32,8 +32,6 @@ def die_with_parent() -> None:
 
 def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
     """The writer process: write each job's files until orphaned (its rank gone)."""
-    from zckpt_nb.format.writer import skip_crc32
-
     die_with_parent()
     skip_crc32()  # as in the training process: each file is hashed as it is written
     while os.getppid() == parent:
@@ -87,10 +85,15 @@ class ProcessWriter:
         # file records): they travel beside it, by the tensor's place in the state
         items = [(str(path), state, {i: t.__dict__ for i, t in enumerate(tensors_in(state)) if t.__dict__})
                  for path, state in files.snapshots]
-        start = time.perf_counter()
+        start, answer = time.perf_counter(), None
         try:
             self.jobs.put((files.rank, items))
-            answer = self.answer()
+            while answer is None:  # the process's answer; None if it died first
+                try:
+                    answer = self.answers.get(timeout=POLL_S)
+                except queue.Empty:
+                    if not self.process.is_alive():
+                        break
         finally:
             files.snapshots.clear()
             files.write_seconds = time.perf_counter() - start
@@ -102,12 +105,3 @@ class ProcessWriter:
         files.fsync_seconds += answer.fsync_seconds
         files.hash_seconds += answer.hash_seconds
         files.error = files.error or answer.error
-
-    def answer(self) -> dict[str, Any] | None:
-        """The process's answer to the job just sent; None if it died first."""
-        while True:
-            try:
-                return self.answers.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self.process.is_alive():
-                    return None

@@ -1,8 +1,8 @@
-"""Resuming in the ranks: which checkpoint, verified by every rank, converted when N changed, loaded weights-only.
-"""
+"""Resuming in the ranks: which checkpoint, verified by every rank, converted when N changed, loaded weights-only."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,15 +15,6 @@ from zckpt_nb.format.layout import UNIVERSAL, committed_tags
 from zckpt_nb.format.manifest import read_manifest
 from zckpt_nb.saving.collective import gather
 from zckpt_nb.saving.engine import install
-
-
-def saved_world_size(ckpt_dir: str | Path) -> int | None:
-    """World size of the checkpoint a resume would pick (None when there is none or it is unreadable)."""
-    try:
-        tag, _ = tag_to_resume(ckpt_dir)
-        return read_manifest(Path(ckpt_dir) / tag).world_size
-    except CheckpointError:
-        return None
 
 
 def agreed_resume_tag(ckpt_dir: str | Path, identity: dict[str, Any] | None,
@@ -54,8 +45,11 @@ def resume_source(ckpt_dir: str | Path, identity: dict[str, Any], timeout: float
     if not convert:
         tag, note = tag_to_resume(ckpt_dir)
         return tag, note, Path(ckpt_dir), None
-    world = dist.get_world_size()
-    if gather(saved_world_size(ckpt_dir) if dist.get_rank() == 0 else None)[0] in (None, world):
+    saved = None  # the world size of the checkpoint a resume would pick (None: none, or unreadable)
+    if dist.get_rank() == 0:
+        with suppress(CheckpointError):
+            saved = read_manifest(Path(ckpt_dir) / tag_to_resume(ckpt_dir)[0]).world_size
+    if gather(saved)[0] in (None, dist.get_world_size()):
         tag, note = agreed_resume_tag(ckpt_dir, identity)  # it also says why a checkpoint is unusable
         return tag, note, Path(ckpt_dir), None
     tag, note, record = universal_copy(ckpt_dir, identity, timeout)

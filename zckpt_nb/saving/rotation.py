@@ -10,7 +10,7 @@ from typing import Any
 from zckpt_nb.errors import describe_error
 from zckpt_nb.format.disk import fsync_dir
 from zckpt_nb.format.layout import MANIFEST, committed_tags, incomplete_tags, tag_step, universal_dir, writes_folder
-from zckpt_nb.format.records import Failure, SaveOutcome
+from zckpt_nb.format.records import SaveOutcome
 from zckpt_nb.saving.collective import gather
 
 
@@ -61,10 +61,3 @@ def after_commit(save_dir: str | Path, keep_last: int, outcome: SaveOutcome, nod
     results = gather(rotate(Path(save_dir), keep_last) if writes_folder(node_local) else ([], None))
     outcome.deleted = results[0][0]
     outcome.rotation_error = "; ".join(error for _, error in results if error) or None
-
-
-def report(outcome: SaveOutcome) -> Failure:
-    """Every rank prints the same single line for a failed rotation; returns its `run.json` record."""
-    print(f"rotation after {outcome.tag} failed: {outcome.rotation_error}; {outcome.tag} is committed and 'latest' "
-          "names it; training continues", flush=True)
-    return Failure(outcome.tag, outcome.step, outcome.rotation_error)

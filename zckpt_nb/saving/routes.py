@@ -20,29 +20,20 @@ def save_gathered16(engine: Any, out_dir: str | Path) -> Path:
     return Path(out_dir) / WEIGHTS
 
 
-def gather_per_param(module: Any) -> dict[str, Any] | None:
-    """Route 2's gather (DeepSpeed-Chat's `save_zero_three_model`): one parameter at a time on every rank, so the
-    accelerator never holds more than one whole; rank 0's CPU keeps a copy of all of P (None on other ranks)."""
+def save_per_param(engine: Any, out_dir: str | Path) -> Path:
+    """Route 2 (DeepSpeed-Chat's `save_zero_three_model`): gather one parameter at a time on every rank, so the
+    accelerator never holds more than one whole; rank 0's CPU keeps a copy of all of P and writes
+    `out_dir/pytorch_model.bin`."""
     import deepspeed
+    import torch
     import torch.distributed as dist
 
-    rank0 = dist.get_rank() == 0
-    state: dict[str, Any] = {}
-    for name, param in module.named_parameters():  # tied weights appear once, under their first name
+    rank0, state, path = dist.get_rank() == 0, {}, Path(out_dir) / WEIGHTS
+    for name, param in engine.module.named_parameters():  # tied weights appear once, under their first name
         with deepspeed.zero.GatheredParameters([param]):
             if rank0:  # copy=True: on CPU ranks .cpu() returns DeepSpeed's own gathered buffer; keep a copy
                 state[name] = param.data.detach().to("cpu", copy=True)
-    return state if rank0 else None
-
-
-def save_per_param(engine: Any, out_dir: str | Path) -> Path:
-    """Route 2: gather parameter by parameter on every rank; rank 0 writes `out_dir/pytorch_model.bin`."""
-    import torch
-
-    state = gather_per_param(engine.module)
-    path = Path(out_dir) / WEIGHTS
-    if state is not None:
+    if rank0:
         os.makedirs(out_dir, exist_ok=True)
         torch.save(state, path)
     return path
-
