@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,11 +26,9 @@ from zckpt_nb.convert.dcp_layout import (
     ModelNames,
     find_layout,
     global_keys,
-    model_names,
     param_group,
     resolve_step,
     saved_step,
-    source_ranks,
 )
 from zckpt_nb.convert.reshard import ensure_universal, manifest_hash, reusable
 from zckpt_nb.convert.safeload import load
@@ -39,14 +38,22 @@ from zckpt_nb.errors import CheckpointError, UsageError, first_line, os_error_in
 from zckpt_nb.format.client_state import CLIENT_KEY
 from zckpt_nb.format.disk import atomic_write, fsync_all, staged
 from zckpt_nb.format.layout import DCP_KIND, MANIFEST, UNIVERSAL, tag_for, universal_dir
-from zckpt_nb.format.manifest import FileEntry, Manifest, commit, entries_under, read_manifest
+from zckpt_nb.format.manifest import Manifest, commit, entries_under, read_manifest
 from zckpt_nb.format.units import counted, secs
 from zckpt_nb.format.writer import DirectFile, skip_crc32
 from zckpt_nb.measure import meters
-from zckpt_nb.model import model_config, on_meta
+from zckpt_nb.model import model_config, on_meta, tied_names
 
 RANK_FILES, UNIVERSAL_COPY = "rank files", "universal copy"  # to-dcp's two routes (the manifest's conversion.route)
 M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD = -3, 128 << 10  # glibc's malloc.h; its default, mallopt(3)
+# What DCP's `.metadata` pickles (torch 2.13): its metadata dataclasses and the few types they hold; torch's dtypes too
+DCP_TYPES = {("torch.distributed.checkpoint.metadata", name) for name in (
+    "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+    "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("collections", "OrderedDict")}
+MAX_METADATA_BYTES = 1 << 28
+DCP_RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
 
 
 @contextmanager
@@ -205,13 +212,6 @@ def write_dcp(source: Source, out: Path) -> tuple[dict[str, Any], dict[str, str]
             "peak_rss_bytes": meters.rss_high_water() or 0}, writer.digests
 
 
-def timed_check(files: list[tuple[Path, FileEntry]]) -> float:
-    """Every listed file's SHA-256 against the manifest (CheckpointError where one differs); its seconds."""
-    start = time.perf_counter()
-    check_hashes([(path, entry.sha256) for path, entry in files])
-    return time.perf_counter() - start
-
-
 def plain_source(folder: Path, manifest: Manifest) -> Source | None:
     """A tag folder's rank files as the source, indexed, where they hold the plain ZeRO-3 layout; else None."""
     source = Source(folder, manifest, universal=False)
@@ -226,7 +226,7 @@ def open_source(ckpt_dir: Path, tag: str, route: str | None, pool: Any) -> tuple
     reuse = route == UNIVERSAL_COPY or (route is None and reusable(ckpt_dir, tag) is not None)
     manifest, files = (None, []) if reuse else listed_files(ckpt_dir, tag)  # nothing unlisted, every size: first
     if manifest and manifest.world_size and not manifest.elsewhere():  # else from-dcp's output, a node's part
-        check = pool.submit(timed_check, files)  # hashes while the files are read and written out
+        check = pool.submit(check_hashes, [(path, e.sha256) for path, e in files])  # while they are read, written
         try:
             source = plain_source(ckpt_dir / tag, manifest)
         except Exception as error:
@@ -299,15 +299,6 @@ def describe_to_dcp(manifest: Manifest) -> str:
             f"{c.get('route', UNIVERSAL_COPY)} and written in "
             f"{secs(c['seconds'])} s with a peak of {extra:.0f} MiB above the converter's baseline; FSDP2 loads it on "
             "any number of ranks with dcp.load and set_state_dict")
-
-
-# What DCP's `.metadata` pickles (torch 2.13): its metadata dataclasses and the few types they hold; torch's dtypes too
-DCP_TYPES = {("torch.distributed.checkpoint.metadata", name) for name in (
-    "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-    "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("collections", "OrderedDict")}
-MAX_METADATA_BYTES = 1 << 28
 
 
 class MetadataUnpickler(pickle.Unpickler):
@@ -495,12 +486,17 @@ def from_dcp(dcp_dir: str | Path, out_dir: str | Path, config: str, step: int | 
     manifest = dcp_manifest(folder)
     check_output(out)
     hf_config = model_config(config)  # a bad --config: now
-    names, metadata = model_names(on_meta(hf_config)), dcp_metadata(folder)
+    model, metadata = on_meta(hf_config), dcp_metadata(folder)  # a tied parameter once, by its first name
+    names = ModelNames({name: tuple(p.shape) for name, p in model.named_parameters()}, tied_names(model),
+                       frozenset(model.state_dict()))
     layout = find_layout(folder, metadata.state_dict_metadata, names)  # then its param group, scheduler, train state
     values = read_dcp(folder, global_keys(metadata.state_dict_metadata, layout))
     saved = saved_step(folder, values)
     step = resolve_step(folder, manifest.step if saved is None and manifest else saved, step)
-    world = manifest.source_world_size if manifest and manifest.source_world_size else source_ranks(metadata)
+    # the ranks that wrote it, else as DCP's FileSystemWriter names each rank's files: __<rank>_<n>.distcp
+    world = manifest.source_world_size if manifest and manifest.source_world_size else len({
+        int(m[1]) for info in metadata.storage_data.values()
+        if (m := DCP_RANK_FILE.match(str(getattr(info, "relative_path", ""))))}) or 1
     source = DcpSource(folder, manifest, names, layout, param_group(folder, values, layout, names), values, step, world)
     with staged(out) as tmp:
         tag = write_zero(tmp, source, hf_config)

@@ -15,13 +15,11 @@ from typing import Any
 
 from zckpt_nb.convert.zero_shards import MOMENTS
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.model import tied_names
 
 OPTIMIZER_KEYS = ("optim", "optimizer")  # get_state_dict's examples name it `optim`; torchtitan `optimizer`
 NOT_MODEL = ("optim", "optimizer", "lr_scheduler", "dataloader", "train_state")  # torchtitan's other top-level keys
 TRAIN_STATE = ("step", "seed", "global_batch", "world_size", "steps")  # the package's; other writers' are not read
 STEP_IN_NAME = re.compile(r"(?:global_step|step|checkpoint|iter)[-_]?(\d+)$", re.IGNORECASE)
-RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # DCP's FileSystemWriter: __<rank>_<n>.distcp
 
 
 @dataclass(frozen=True)
@@ -42,18 +40,11 @@ class Layout:
     nested_group: bool  # param_groups.0.* (nested) or param_groups.<fqn>.* (flattened)
 
     def weight(self, name: str) -> str:
-        """The key of parameter `name`'s weights."""
         return f"{self.model}{name}"
 
     def state(self, name: str, kind: str) -> str:
         """The key of parameter `name`'s optimizer state `kind` (exp_avg, exp_avg_sq, step)."""
         return f"{self.optim}.state.{name}.{kind}"
-
-
-def model_names(model: Any) -> ModelNames:
-    """`model`'s (a meta-device module) parameter names and shapes, tied names -> first name, state dict keys."""
-    params = {name: tuple(p.shape) for name, p in model.named_parameters()}  # a tied one once, by its first name
-    return ModelNames(params, tied_names(model), frozenset(model.state_dict()))
 
 
 def model_prefix(folder: Path, tensors: dict[str, tuple[int, ...]], names: ModelNames) -> str:
@@ -149,10 +140,3 @@ def resolve_step(folder: Path, saved: int | None, given: int | None) -> int:
         raise CheckpointError(f"{folder} records no step (no train_state.step) and its name {folder.name!r} gives "
                               "none (step-100, global_step100, ...): pass --step N")
     return step
-
-
-def source_ranks(metadata: Any) -> int:
-    """How many ranks wrote the checkpoint: DCP's FileSystemWriter names each rank's files __<rank>_<n>.distcp."""
-    ranks = {int(m[1]) for info in metadata.storage_data.values()
-             if (m := RANK_FILE.match(str(getattr(info, "relative_path", ""))))}
-    return len(ranks) or 1

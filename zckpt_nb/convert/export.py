@@ -72,22 +72,6 @@ def model_config(ckpt_dir: Path, config: str | Path | None = None) -> Any:
                      "config.json, or its folder) or put the model's config.json beside 'latest'")
 
 
-def write_tokenizer(ckpt_dir: Path, dest: Path, context: int) -> Any:
-    """Save the checkpoint's tokenizer so transformers 4 and 5 both load it, its maximum length the model's context."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
-    tokenizer.model_max_length = context  # the tokenizer was trained with no limit; the model has one
-    tokenizer.save_pretrained(str(dest))
-    # transformers 5 writes its class name, TokenizersBackend, which 4.x does not know; both versions load
-    # PreTrainedTokenizerFast from tokenizer.json alone (5 maps that name to TokenizersBackend)
-    path = dest / "tokenizer_config.json"
-    config = {k: v for k, v in json.loads(path.read_text()).items() if k not in LOADING_KEYS}
-    config["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return tokenizer
-
-
 def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size: int, name: str,
                  config_source: str | Path | None = None, adapter_source: str | Path | None = None,
                  merge: bool = False) -> None:
@@ -99,8 +83,19 @@ def write_export(ckpt_dir: Path, manifest: Manifest, dest: Path, max_shard_size:
     built_here = config_source is None and bool((manifest.identity or {}).get("model"))
     tensors = write_peft(ckpt_dir, lazy, config, dest, max_shard_size, adapter_source, merge) if peft else \
         write_weights(ckpt_dir, tag, lazy, config, dest, max_shard_size, check=not built_here)
-    tokenizer = write_tokenizer(ckpt_dir, dest, config.max_position_embeddings) \
-        if (ckpt_dir / "tokenizer.json").is_file() else None
+    tokenizer = None
+    if (ckpt_dir / "tokenizer.json").is_file():  # saved so that transformers 4 and 5 both load it
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir))
+        tokenizer.model_max_length = config.max_position_embeddings  # trained with no limit; the model has one
+        tokenizer.save_pretrained(str(dest))
+        # transformers 5 writes its class name, TokenizersBackend, which 4.x does not know; both versions load
+        # PreTrainedTokenizerFast from tokenizer.json alone (5 maps that name to TokenizersBackend)
+        path = dest / "tokenizer_config.json"
+        saved = {k: v for k, v in json.loads(path.read_text()).items() if k not in LOADING_KEYS}
+        saved["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+        path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     facts = run_facts(ckpt_dir, manifest, config, tensors, tokenizer) | {"adapter": peft and not merge}
     write_card(dest, facts, name)
     # the modes of any save under this umask (0755/0644 under 022): safetensors creates its files 0600, private
@@ -151,9 +146,21 @@ def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: i
     if max_new_tokens < 1:
         raise UsageError(f"--max_new_tokens must be at least 1 (got {max_new_tokens})")
     context = AutoConfig.from_pretrained(str(model_dir)).max_position_embeddings  # GPT-2's n_positions
-    if token_ids is not None:
+    if token_ids is not None:  # greedy continuation as token ids: no tokenizer needed
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
         check_fits(len(token_ids), max_new_tokens, context)
-        return " ".join(map(str, generate_ids(model_dir, token_ids, max_new_tokens)))
+        hf_logging.disable_progress_bar()  # one line of ids is the whole output
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()  # transformers alone; no dropout
+        vocab = model.config.vocab_size
+        if not token_ids or min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise UsageError(f"--token_ids must be ids from 0 to {vocab - 1} (the model's vocabulary), at least one")
+        with torch.no_grad():
+            out = model.generate(torch.tensor([token_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 no_repeat_ngram_size=3, pad_token_id=model.config.eos_token_id or 0)
+        return " ".join(map(str, out[0].tolist()))
     if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
         raise UsageError(f"{model_dir} has no tokenizer, so a text prompt cannot be encoded; pass --token_ids "
                          "(the prompt as token ids), or add the tokenizer the model was trained with")
@@ -161,23 +168,6 @@ def generate(model_dir: str | Path, prompt: str | None = None, max_new_tokens: i
     check_fits(len(tokenizer(prompt, verbose=False)["input_ids"]), max_new_tokens, context)
     pipe = pipeline("text-generation", model=str(model_dir), tokenizer=tokenizer)
     return pipe(prompt, max_new_tokens=max_new_tokens, do_sample=False, no_repeat_ngram_size=3)[0]["generated_text"]
-
-
-def generate_ids(model_dir: Path, token_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation of `token_ids` by the exported model, as token ids (no tokenizer needed)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one line of ids is the whole output
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()  # transformers alone; no dropout
-    vocab = model.config.vocab_size
-    if not token_ids or min(token_ids) < 0 or max(token_ids) >= vocab:
-        raise UsageError(f"--token_ids must be ids from 0 to {vocab - 1} (the model's vocabulary), at least one")
-    with torch.no_grad():
-        out = model.generate(torch.tensor([token_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                             no_repeat_ngram_size=3, pad_token_id=model.config.eos_token_id or 0)
-    return out[0].tolist()
 
 
 def check_fits(prompt_tokens: int, max_new_tokens: int, context: int) -> None:

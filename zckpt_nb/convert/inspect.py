@@ -44,7 +44,6 @@ class CheckpointInfo(Record):
 
 
 def excludes_frozen(states: dict[str, Any]) -> bool:
-    """Saved with `exclude_frozen_parameters=True` (its `frozen_param_shapes` is None)."""
     return "frozen_param_shapes" in states and states["frozen_param_shapes"] is None
 
 
@@ -117,4 +116,3 @@ def format_inspection(info: CheckpointInfo) -> str:
                      f"({shard.partition_numel / info.num_params:.1%} of P, padding included), {shard.bytes:,} bytes")
         lines += [f"    {name:<48} {size:>14,} bytes" for name, size in shard.files.items()]
     return "\n".join(lines)
-

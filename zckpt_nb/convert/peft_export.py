@@ -22,7 +22,6 @@ PEFT_PREFIX = "base_model.model."  # what a PeftModel puts before the wrapped mo
 
 
 def is_peft(names: Iterable[str]) -> bool:
-    """Are these a PeftModel's parameter names?"""
     return any(name.startswith(PEFT_PREFIX) for name in names)
 
 
@@ -40,21 +39,6 @@ def adapter_config(ckpt_dir: Path, source: str | Path | None) -> Any:
         return PeftConfig.from_peft_type(**read_json(path))
     except (CheckpointError, TypeError, ValueError, KeyError) as e:
         raise UsageError(f"cannot read the adapter config {path}: {first_line(e)}") from None
-
-
-def peft_model(config: Any, adapter: Any) -> Any:
-    """The peft model `adapter` makes of the causal LM `config` describes, on the meta device."""
-    import torch
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # peft's and transformers' deprecation notes: nothing the user can act on
-            return get_peft_model(AutoModelForCausalLM.from_config(config), adapter)
-    except (ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"cannot apply the adapter config to the config's model: {first_line(e)}; pass the configs "
-                         "the run used (--config, --adapter_config)") from None
 
 
 def materialize(model: Any, lazy: dict[str, Any], names: set[str]) -> None:
@@ -100,5 +84,16 @@ def write_peft(ckpt_dir: Path, lazy: dict[str, Any], config: Any, dest: Path, ma
     if not is_peft(lazy):
         raise UsageError(f"{ckpt_dir}'s weights are a plain model's, not a peft model's ({PEFT_PREFIX}...): export it "
                          "without --adapter_config and --merge")
-    model = peft_model(config, adapter_config(ckpt_dir, adapter_source))
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = adapter_config(ckpt_dir, adapter_source)
+    try:  # the peft model the adapter makes of the config's causal LM, on the meta device
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # peft's and transformers' deprecation notes: nothing the user can act on
+            model = get_peft_model(AutoModelForCausalLM.from_config(config), adapter)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"cannot apply the adapter config to the config's model: {first_line(e)}; pass the configs "
+                         "the run used (--config, --adapter_config)") from None
     return write_merged(model, lazy, dest, max_shard_size) if merge else write_adapter(model, lazy, dest)

@@ -30,23 +30,6 @@ def manifest_hash(ckpt_dir: str | Path, tag: str) -> str:
     return sha256_file(Path(ckpt_dir) / tag / MANIFEST)
 
 
-def run_converter(src: Path, dst: Path, timeout: float) -> dict[str, Any]:
-    """Run `ds_to_universal` SRC -> DST in a child process; its seconds and peak RSS, or CheckpointError."""
-    start = time.perf_counter()
-    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
-    try:
-        done = subprocess.run([sys.executable, "-m", "zckpt_nb.convert.reshard", str(src), str(dst)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise CheckpointError(f"converting {src} to a universal checkpoint took over {timeout:.0f} s; "
-                              "stopped (nothing was loaded)") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
-        raise CheckpointError(f"DeepSpeed's ds_to_universal failed on {src}: {last[:200]}")
-    peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
-    return {"seconds": time.perf_counter() - start, "peak_rss_bytes": peak}
-
-
 def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> Manifest:
     """Convert committed checkpoint `tag` into DIR/universal/<tag>, committed; returns its manifest."""
     ckpt_dir = Path(ckpt_dir)
@@ -54,8 +37,19 @@ def convert(ckpt_dir: str | Path, tag: str, timeout: float = 600) -> Manifest:
     final = universal_dir(ckpt_dir, tag)
     if final.parent.is_symlink():
         raise CheckpointError(f"{final.parent} is a symbolic link; refusing to write the universal copy through it")
-    with staged(final) as tmp:
-        cost = run_converter(ckpt_dir / tag, tmp, timeout)
+    with staged(final) as tmp:  # ds_to_universal in a child process (`main`): its seconds and peak RSS
+        start, env = time.perf_counter(), dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+        try:
+            done = subprocess.run([sys.executable, "-m", "zckpt_nb.convert.reshard", str(ckpt_dir / tag), str(tmp)],
+                                  env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CheckpointError(f"converting {ckpt_dir / tag} to a universal checkpoint took over {timeout:.0f} s; "
+                                  "stopped (nothing was loaded)") from None
+        if done.returncode != 0:
+            last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+            raise CheckpointError(f"DeepSpeed's ds_to_universal failed on {ckpt_dir / tag}: {last[:200]}")
+        peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"]
+        cost = {"seconds": time.perf_counter() - start, "peak_rss_bytes": peak}
         latest = tmp.parent / "latest_universal"  # DeepSpeed's converter names its output there; we pass the tag
         if latest.is_file() and latest.read_text().strip() == tmp.name:
             latest.unlink()

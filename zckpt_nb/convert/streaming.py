@@ -131,14 +131,11 @@ class MappedFiles:
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
                 self.ranges.append((lo, hi))
 
-    def containing(self, start: int, stop: int) -> tuple[int, int] | None:
-        """The file mapping that holds [start, stop), or None."""
-        return next(((lo, hi) for lo, hi in self.ranges if lo <= start and stop <= hi), None)
-
 
 def drop_pages(start: int, stop: int, mapped: MappedFiles) -> None:
     """Release the file-backed pages of [start, stop), AROUND bytes either side, from this process's memory."""
-    if (mapping := mapped.containing(start, stop)) is None:
+    mapping = next(((lo, hi) for lo, hi in mapped.ranges if lo <= start and stop <= hi), None)
+    if mapping is None:  # not in a file mapping
         return
     lo = max(mapping[0], start // PAGE * PAGE - AROUND)
     hi = min(mapping[1], -(-stop // PAGE) * PAGE + AROUND)
@@ -159,10 +156,18 @@ def write_safetensors(path: Path, tensors: dict[str, Any], mapped: MappedFiles) 
                     drop_pages(base + i, base + min(i + STEP, len(data)), mapped)
 
 
-def write_shards(tensors: dict[str, Any], max_shard_size: int, dest: Path) -> None:
-    """`tensors` in shards of at most `max_shard_size` bytes (huggingface_hub's split); an index if several."""
+def write_weights(ckpt_dir: Path, tag: str, lazy: dict[str, Any], config: Any, dest: Path, max_shard_size: int,
+                  check: bool = False) -> dict[str, Any]:
+    """Write `lazy`'s weights in shards of at most `max_shard_size` bytes (huggingface_hub's split; an index if
+    several), `config.json` and `generation_config.json` into `dest`; the tensors written."""
     from huggingface_hub import split_state_dict_into_shards_factory
+    from transformers import GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    check_frozen_kept(load(shard_paths(ckpt_dir / tag)[0]["model"], mmap=True), lambda: config, set(lazy),
+                      ckpt_dir / tag)
+    tensors = stored_names(lazy)
+    check_shapes(config, tensors, build=check)
     plan = split_state_dict_into_shards_factory(tensors, get_storage_size=lambda t: t.shape.numel() * t.dtype.itemsize,
                                                 filename_pattern=WEIGHTS_PATTERN, max_shard_size=max_shard_size)
     mapped = MappedFiles()
@@ -172,19 +177,6 @@ def write_shards(tensors: dict[str, Any], max_shard_size: int, dest: Path) -> No
         total = sum(t.shape.numel() for t in tensors.values())
         index = {"metadata": {**plan.metadata, "total_parameters": total}, "weight_map": plan.tensor_to_filename}
         (dest / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-
-
-def write_weights(ckpt_dir: Path, tag: str, lazy: dict[str, Any], config: Any, dest: Path, max_shard_size: int,
-                  check: bool = False) -> dict[str, Any]:
-    """Write `lazy`'s weights, `config.json` and `generation_config.json` into `dest`; the tensors written."""
-    from transformers import GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    check_frozen_kept(load(shard_paths(ckpt_dir / tag)[0]["model"], mmap=True), lambda: config, set(lazy),
-                      ckpt_dir / tag)
-    tensors = stored_names(lazy)
-    check_shapes(config, tensors, build=check)
-    write_shards(tensors, max_shard_size, dest)
     # what save_pretrained records: the class that loads the weights, and their dtype (fp32 master weights)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     config.dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")

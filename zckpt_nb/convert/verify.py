@@ -5,6 +5,7 @@ every file present with its size and SHA-256, nothing unlisted, paths inside the
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,23 +48,15 @@ def check_file(folder: Path, entry: FileEntry) -> Path:
     return path
 
 
-def check_hashes(files: list[tuple[Path, str]], workers: int | None = None) -> None:
-    """Each (path, SHA-256) pair, hashed in parallel threads; the first mismatch in list order is the error."""
+def check_hashes(files: list[tuple[Path, str]], workers: int | None = None) -> float:
+    """Each (path, SHA-256) pair, hashed in parallel threads; the first mismatch in list order is the error; seconds."""
+    start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         digests = list(pool.map(sha256_file, [path for path, _ in files]))
     for (path, expected), digest in zip(files, digests):
         if digest != expected:
             raise CheckpointError(f"{path} does not match its SHA-256 in the manifest (corrupted)")
-
-
-def check_ranks(tag_dir: Path, manifest: Manifest) -> None:
-    """Every rank 0..W-1 has its model and optimizer file listed."""
-    listed = {(int(m.group(1)), m.group(2)) for e in manifest.files if (m := RANK_FILE.search(e.path))}
-    for rank in range(manifest.world_size or 0):
-        for kind in ("model", "optim"):
-            if (rank, kind) not in listed:
-                raise CheckpointError(f"{tag_dir}: the manifest lists no {kind} file for rank {rank} of "
-                                      f"{manifest.world_size}")
+    return time.perf_counter() - start
 
 
 def unlisted(folder: Path, paths: list[str]) -> list[Path]:
@@ -139,7 +132,12 @@ def listed_files(ckpt_dir: str | Path, tag: str, world_size: int | None = None,
     check_paths(tag_dir, manifest.files, tag_dir / MANIFEST)
     check_paths(tag_dir.parent, manifest.shared, tag_dir / MANIFEST)
     check_listed(tag_dir, manifest)
-    check_ranks(tag_dir, manifest)
+    ranks = {(int(m.group(1)), m.group(2)) for e in manifest.files if (m := RANK_FILE.search(e.path))}
+    missing = [(rank, kind) for rank in range(manifest.world_size or 0) for kind in ("model", "optim")
+               if (rank, kind) not in ranks]  # every rank 0..W-1 has its model and optimizer file listed
+    if missing:
+        rank, kind = missing[0]
+        raise CheckpointError(f"{tag_dir}: the manifest lists no {kind} file for rank {rank} of {manifest.world_size}")
     here = [e for e in manifest.files if e not in manifest.elsewhere()]  # node-local: other nodes hold the rest
     entries = [(tag_dir, e) for e in here] + [(tag_dir.parent, e) for e in manifest.shared]
     return manifest, [(check_file(folder, e), e) for folder, e in entries]  # every presence and size first
