@@ -95,12 +95,6 @@ def cmd_collect(args: argparse.Namespace) -> int:
         f"collected {len(args.parts)} node folders into {args.out}: {describe_manifest(m)}"], prefix="")
 
 
-def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    """Rows as aligned plain text under their column names."""
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [header, *rows])
-
-
 def cmd_costs(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
@@ -129,10 +123,11 @@ def cmd_costs(args: argparse.Namespace) -> int:
               f"{size(pred.master_bytes)}, Adam {size(pred.optimizer_bytes)}")
         print(f"  partitioned save: {part.written_bytes:,} B of tensors per rank; collectives "
               f"{part.comm_bytes:,} B per rank (tag check {pred.tag_check_bytes}, regather {pred.regather_bytes:,})")
-    header = ("N", "route", "rank 0 writes", "rank 0 extra peak", "stall", "to durable", "resumes training")
-    print("\n" + text_table(header, [(f"{r.world_size:,}", r.route, size(r.written_bytes), size(r.extra_peak_bytes),
-                                     f"{secs(r.stall_s)} s", f"{secs(r.durable_s)} s", "yes" if r.resumable else "no")
-                                    for rows in plans for r in rows]))
+    table = [("N", "route", "rank 0 writes", "rank 0 extra peak", "stall", "to durable", "resumes training")] + [
+        (f"{r.world_size:,}", r.route, size(r.written_bytes), size(r.extra_peak_bytes), f"{secs(r.stall_s)} s",
+         f"{secs(r.durable_s)} s", "yes" if r.resumable else "no") for rows in plans for r in rows]
+    widths = [max(len(cell) for cell in column) for column in zip(*table)]  # aligned under the column names
+    print("\n" + "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table))
     print("\nseconds by kind of work (write, read, net: bytes over the bandwidths; steps: ring steps x latency; "
           "files: rank files opened x cost per file)")
     for r in (r for rows in plans for r in rows):
@@ -316,9 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with lifeline.signals_interrupt():  # SIGTERM, SIGHUP: stop every rank as Ctrl-C does, not die alone
             return args.func(args)
-    except UsageError as e:
+    except (UsageError, CheckpointError) as e:
         print(f"zckpt_nb {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(e, UsageError) else 1
     except LaunchError as e:
         from zckpt_nb.run.logs import failure_report
 
@@ -330,9 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zckpt_nb {args.command}: interrupted by {signal.Signals(signum).name}; every rank was stopped",
               file=sys.stderr)
         return 128 + signum
-    except CheckpointError as e:
-        print(f"zckpt_nb {args.command}: error: {e}", file=sys.stderr)
-        return 1
     except (OSError, RuntimeError) as e:  # the disk refused (torch's zip writer wraps its OSError in a RuntimeError)
         line = os_error_line(e)
         if line is None:

@@ -28,7 +28,7 @@ def train_tokenizer(vocab_size: int) -> Any:
 
 
 def load_or_train_tokenizer(output_dir: str | Path, vocab_size: int) -> Any:
-    """Reuse the tokenizer saved beside a checkpoint (on resume) or train a fresh one."""
+    """The tokenizer saved beside a checkpoint (on resume), else a fresh one."""
     from transformers import AutoTokenizer
 
     if (Path(output_dir) / "tokenizer.json").is_file():

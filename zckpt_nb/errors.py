@@ -1,5 +1,4 @@
-"""The package's exception types and its one-line error messages; every layer imports them from here.
-"""
+"""The package's exception types and its one-line error messages; every layer imports them from here."""
 
 from __future__ import annotations
 
@@ -7,6 +6,14 @@ import errno
 import re
 import sys
 from pathlib import Path
+
+TIMEOUT_WORDS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
+FIXES = {errno.EACCES: "check its permissions, or choose another folder", errno.EPERM: "check its permissions",
+         errno.ENOSPC: "free space on that disk, or choose another folder", errno.EDQUOT: "your disk quota is full",
+         errno.EFBIG: "the file system limits a file's size: choose another (export: a smaller --max_shard_size)",
+         errno.EROFS: "the file system is read-only: choose a writable folder",
+         errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a folder"}
+SOURCE_PATH = re.compile(r"\[/[^\]\s]*/([\w.]+:\d+)\] ")  # gloo's "[/__w/pytorch/.../tcp/pair.cc:553] "
 
 
 class UsageError(ValueError):
@@ -29,9 +36,6 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit this run; the message is one line."""
 
 
-TIMEOUT_WORDS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
-
-
 class CollectiveTimeout(RuntimeError):
     """The ranks lost each other during a save: the process group cannot be trusted again, the job must stop."""
 
@@ -45,13 +49,6 @@ def os_error_in(err: BaseException) -> OSError | None:
         visited.add(id(seen))
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-FIXES = {errno.EACCES: "check its permissions, or choose another folder", errno.EPERM: "check its permissions",
-         errno.ENOSPC: "free space on that disk, or choose another folder", errno.EDQUOT: "your disk quota is full",
-         errno.EFBIG: "the file system limits a file's size: choose another (export: a smaller --max_shard_size)",
-         errno.EROFS: "the file system is read-only: choose a writable folder",
-         errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a folder"}
 
 
 def os_error_line(err: BaseException) -> str | None:
@@ -80,9 +77,6 @@ def is_peer_failure(err: BaseException) -> bool:
     return timed_out or (dist is not None and isinstance(err, dist.DistError))
 
 
-SOURCE_PATH = re.compile(r"\[/[^\]\s]*/([\w.]+:\d+)\] ")  # gloo's "[/__w/pytorch/.../tcp/pair.cc:553] "
-
-
 def short_line(line: str, width: int) -> str:
     """`line` without a C++ source path's folders, cut to `width` at a word boundary in its second half."""
     line = SOURCE_PATH.sub(r"[\1] ", line)
@@ -102,9 +96,8 @@ def gist(err: BaseException, width: int = 120) -> str:
 
 def peer_failure(err: BaseException, rank: int, doing: str, detail: str = "") -> CollectiveTimeout:
     """The one error every rank raises for a lost peer or a timed-out collective, with no further collective."""
-    said = gist(err)
     return CollectiveTimeout(f"rank {rank}: {doing} stopped{detail}: a peer rank died or a collective timed out "
-                             f"({type(err).__name__}: {said}); every rank stops, 'latest' was not moved")
+                             f"({type(err).__name__}: {gist(err)}); every rank stops, 'latest' was not moved")
 
 
 class LayoutError(RuntimeError):

@@ -12,6 +12,8 @@ from typing import Any
 
 from zckpt_nb.errors import UsageError
 
+CONFIG_DIR = Path(__file__).with_name("configs")
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -43,14 +45,12 @@ PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
-    """Return the preset called `name`, or raise a ValueError that lists the known ones."""
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
 
 
 def gpt2_config(name: str) -> Any:
-    """Build the `transformers.GPT2Config` for preset `name`."""
     from transformers import GPT2Config
 
     p = get_preset(name)
@@ -152,9 +152,6 @@ def param_count(name: str) -> int:
     return count_params(meta_model(name))
 
 
-CONFIG_DIR = Path(__file__).with_name("configs")
-
-
 def shipped_configs() -> list[str]:
     """Names of the configs shipped in `zckpt_nb/configs/` (usable wherever a config path is)."""
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
@@ -174,12 +171,15 @@ def config_file(source: str) -> Path:
 
 
 @cache
-def load_config(source: str) -> Any:
-    """The transformers config `source` holds, refused in one line unless it is a causal LM transformers ships."""
+def model_config(name: str) -> Any:
+    """The transformers config of a preset, else of a causal-LM `config.json` (a path, a folder or a shipped name),
+    refused in one line unless it is a causal LM transformers ships."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    path = config_file(source)
+    if name in PRESETS:
+        return gpt2_config(name)
+    path = config_file(name)
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -189,11 +189,6 @@ def load_config(source: str) -> Any:
         raise UsageError(f"{path} is not the config of a causal LM transformers ships (model_type {kind!r}): give a "
                          "config.json with model_type gpt2, llama, mistral, qwen2, ...")
     return AutoConfig.for_model(kind, **data)
-
-
-def model_config(name: str) -> Any:
-    """The transformers config of a preset, else of a causal-LM `config.json` (a path, a folder or a shipped name)."""
-    return gpt2_config(name) if name in PRESETS else load_config(name)
 
 
 @cache

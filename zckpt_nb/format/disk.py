@@ -1,5 +1,4 @@
-"""Files that survive a crash: fsync, atomic replace, write-once, and whether a folder can be written.
-"""
+"""Files that survive a crash: fsync, atomic replace, write-once, and whether a folder can be written."""
 
 from __future__ import annotations
 

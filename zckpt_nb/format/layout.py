@@ -26,6 +26,10 @@ _STEP = re.compile(r"(\d+)$")
 ADAPTER_CONFIG = "adapter_config.json"  # peft's config of a LoRA run (`LoraConfig.save_pretrained` writes it)
 SHARED_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", ADAPTER_CONFIG)
 ARCHITECTURE = ("model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # config.json's shape
+UNIVERSAL = "universal"  # DIR/universal/<tag>: never a tag folder of DIR itself, so rotation and resume skip it
+WEIGHTS = "pytorch_model.bin"  # the file name routes 1-3 write, as DeepSpeed and transformers name it
+DCP_KIND = "dcp"  # the manifest kind of a PyTorch DCP checkpoint converted from ZeRO-3 (convert.dcp)
+EXPORT_KIND = "export"  # the manifest kind of a Hugging Face folder written by `export`
 
 
 def tag_step(tag: str) -> int:
@@ -74,21 +78,11 @@ def latest_name(ckpt_dir: str | Path) -> str | None:
         return f.read(256).decode(errors="replace").strip()
 
 
-UNIVERSAL = "universal"  # DIR/universal/<tag>: never a tag folder of DIR itself, so rotation and resume skip it
-
-
 def universal_dir(ckpt_dir: str | Path, tag: str) -> Path:
-    """Where the universal copy of `tag` lives."""
     return Path(ckpt_dir) / UNIVERSAL / tag
 
 
-WEIGHTS = "pytorch_model.bin"  # the file name routes 1-3 write, as DeepSpeed and transformers name it
-DCP_KIND = "dcp"  # the manifest kind of a PyTorch DCP checkpoint converted from ZeRO-3 (convert.dcp)
-EXPORT_KIND = "export"  # the manifest kind of a Hugging Face folder written by `export`
-
-
 def node_rank() -> int:
-    """This rank's node (torchrun's GROUP_RANK)."""
     return int(os.environ.get("GROUP_RANK", 0))
 
 

@@ -23,6 +23,11 @@ MAX_BYTES = 16 << 20  # a manifest larger than this is refused before it is read
 MAX_FILE_BYTES = 1 << 50  # no file of a checkpoint is larger (1 PiB): a bigger size is a damaged entry
 SHA256 = re.compile(r"[0-9a-f]{64}")
 KINDS = (None, UNIVERSAL, DCP_KIND, EXPORT_KIND)  # a save's tag folder, DeepSpeed's universal copy, convert.dcp, export
+# The JSON type of every field (int excludes bool); the required ones first
+FIELDS = {"tag": str, "step": int, "files": list, "kind": str, "world_size": int, "identity": dict, "shared": list,
+          "node": int, "adopted": dict, "source_world_size": int, "source_manifest_sha256": str, "conversion": dict,
+          "from_dcp": str}
+ENTRY = {"path": str, "bytes": int, "sha256": str, "rank": int, "node": int}
 
 
 @dataclass(frozen=True)
@@ -68,15 +73,7 @@ class Manifest:
         return [] if self.node is None else [e for e in self.files if e.node is not None and e.node != self.node]
 
     def total_bytes(self) -> int:
-        """Bytes of every file listed."""
         return sum(e.bytes for e in self.files)
-
-
-# The JSON type of every field (int excludes bool); the required ones first
-FIELDS = {"tag": str, "step": int, "files": list, "kind": str, "world_size": int, "identity": dict, "shared": list,
-          "node": int, "adopted": dict, "source_world_size": int, "source_manifest_sha256": str, "conversion": dict,
-          "from_dcp": str}
-ENTRY = {"path": str, "bytes": int, "sha256": str, "rank": int, "node": int}
 
 
 def typed(record: Any, types: dict[str, type], required: int, what: str) -> dict[str, Any]:
@@ -140,7 +137,6 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 def sha256_file(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, read in chunks (hashlib does the work)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 

@@ -10,15 +10,10 @@ def mib(size: float) -> str:
     return f"{size / MIB:,.1f} MiB"
 
 
-def gib(size: float) -> str:
-    """Bytes as GiB with two decimals: gib(2**30) is '1.00 GiB'."""
-    return f"{size / GIB:,.2f} GiB"
-
-
 def size(n_bytes: float) -> str:
-    """Bytes in the unit that suits them: '812 B', '3.0 KiB', '14.3 MiB', '1.25 GiB' (MiB and GiB as above)."""
+    """Bytes in the unit that suits them: '812 B', '3.0 KiB', '14.3 MiB' (as `mib`), '1.25 GiB'."""
     if abs(n_bytes) >= GIB:
-        return gib(n_bytes)
+        return f"{n_bytes / GIB:,.2f} GiB"
     if abs(n_bytes) >= MIB:
         return mib(n_bytes)
     return f"{n_bytes / 1024:,.1f} KiB" if abs(n_bytes) >= 1024 else f"{int(n_bytes):,} B"

@@ -46,7 +46,6 @@ class Loss:
 
     @property
     def total(self) -> float:
-        """Every cause together."""
         return self.saves + self.rework + self.restart
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from zckpt_nb.format.units import counted
-
 CPU_HINT = "DS_ACCELERATOR=cpu to run any number of CPU ranks (gloo) on any machine"
 
 
@@ -20,7 +18,6 @@ class Placement:
     note: str
 
     def env(self) -> dict[str, str]:
-        """The ranks' environment for this placement: DS_ACCELERATOR=cpu for CPU ranks."""
         return {"DS_ACCELERATOR": "cpu"} if self.accelerator == "cpu" else {}
 
 
@@ -37,9 +34,3 @@ def machine() -> tuple[str, int]:
     """This machine's accelerator and GPU count: ("cuda", n) with GPUs, ("cpu", 0) without."""
     gpus = gpu_count()
     return ("cuda", gpus) if gpus else ("cpu", 0)
-
-
-def too_many(requested: int, gpus: int) -> str:
-    """One line: `requested` GPU ranks do not fit `gpus` GPUs, and the two ways that work."""
-    return (f"--nproc {requested} asks for more GPU ranks than the {counted(gpus, 'GPU')} here (NCCL needs one GPU "
-            f"per rank); use --nproc {gpus}, or set {CPU_HINT}")

@@ -28,16 +28,12 @@ from zckpt_nb.format.layout import committed_tags
 from zckpt_nb.format.records import RunRecord
 from zckpt_nb.format.units import counted
 from zckpt_nb.run import lifeline, lock
-from zckpt_nb.run.devices import Placement, gpu_count, too_many
+from zckpt_nb.run.devices import CPU_HINT, Placement, gpu_count
 from zckpt_nb.run.nodes import ONE_NODE, Nodes
 from zckpt_nb.run.options import TrainOptions
 
 _PREFIX = re.compile(r"^\[default(\d+)\]:(?:\[rank\d+\]:)?")
-
-
 _STEP = re.compile(r"^step (\d+)/(\d+) ")
-
-
 LEADS = ("rank 0", "node 0 rank 0")  # the label of global rank 0, which prints the `step k/n` lines
 
 
@@ -51,7 +47,6 @@ class RunResult(RunRecord):
 
     @classmethod
     def from_dir(cls, output_dir: Path, log: list[str], seconds: float) -> RunResult:
-        """Read `output_dir/run.json`, written by rank 0."""
         return cls(**vars(RunRecord.read(output_dir)), output_dir=output_dir, log=log, launch_seconds=seconds)
 
 
@@ -76,7 +71,8 @@ def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, no
         raise UsageError(nodes.problem())
     gpus = gpus_for(placement)
     if gpus and nproc > gpus:
-        raise UsageError(too_many(nproc, gpus))
+        raise UsageError(f"--nproc {nproc} asks for more GPU ranks than the {counted(gpus, 'GPU')} here (NCCL needs "
+                         f"one GPU per rank); use --nproc {gpus}, or set {CPU_HINT}")
     if opts.steps < 1 or opts.save_every < 0 or timeout <= 0:
         raise UsageError(f"--steps must be >= 1, --save_every >= 0 and --timeout > 0 "
                          f"(got {opts.steps}, {opts.save_every}, {timeout})")
@@ -90,9 +86,8 @@ def check_train_args(nproc: int, opts: TrainOptions, *, timeout: float = 600, no
 def worker_env(nproc: int, placement: Placement | None = None) -> dict[str, str]:
     """Environment for the ranks: accelerator, lifeline, and the placement's devices."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **lifeline.launcher_env())
-    if not gpus_for(placement):
+    if not gpus_for(placement):  # CPU ranks, asked for or for want of GPUs
         env["DS_ACCELERATOR"] = "cpu"
-    env.update(placement.env() if placement is not None else {})
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return env
 
@@ -173,7 +168,6 @@ class Progress:
 
 
 def tails(per_rank: dict[str, deque]) -> str:
-    """The last lines of every rank, for an error message."""
     return "\n".join(f"--- last lines of {who} ---\n" + "\n".join(lines) for who, lines in sorted(per_rank.items()))
 
 
@@ -228,13 +222,6 @@ def launch_module(module: str, args: list[str], *, nproc: int, timeout: float, n
     return log, time.monotonic() - start
 
 
-def default_timeout(model: str, nproc: int, steps: int) -> float:
-    """A generous bound for one launch: start-up plus the preset's step time, scaled by ranks per core."""
-    per_step = {"tiny": 0.2, "small": 1.5, "medium": 15.0, "large": 60.0}.get(model, 60.0)
-    crowding = max(1.0, nproc / (os.cpu_count() or 1))
-    return 300 + crowding * (60 * nproc + per_step * steps * 3)
-
-
 def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny", *, timeout: float | None = None,
            verbose: bool = True, progress: bool = True, on_line: Callable[[str, str], None] | None = None,
            stop: threading.Event | None = None, nodes: Nodes = ONE_NODE, placement: Placement | None = None,
@@ -249,7 +236,9 @@ def launch(nproc: int = 2, steps: int = 150, output_dir: str | Path = "runs/tiny
                          "that takes the worker's flags")
     output_dir = Path(output_dir).resolve()
     opts = TrainOptions.build(steps=steps, output_dir=str(output_dir), **options)
-    timeout = timeout or default_timeout(opts.model, nproc, steps)
+    if not timeout:  # a generous bound: start-up plus the preset's step time, scaled by ranks per core
+        per_step = {"tiny": 0.2, "small": 1.5, "medium": 15.0, "large": 60.0}.get(opts.model, 60.0)
+        timeout = 300 + max(1.0, nproc / (os.cpu_count() or 1)) * (60 * nproc + per_step * steps * 3)
     check_train_args(nproc, opts, timeout=timeout, nodes=nodes, placement=placement)
     output_dir.mkdir(parents=True, exist_ok=True)
     where = f" of node {nodes.node_rank} ({nodes.nnodes} nodes)" if nodes.nnodes > 1 else ""

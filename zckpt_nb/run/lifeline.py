@@ -42,23 +42,15 @@ def alive(pid: int, started: float) -> bool:
 
 
 def launcher_env() -> dict[str, str]:
-    """What `launch` adds to the ranks' environment: the identity of the calling process."""
     return {LAUNCHER_ENV: identity(os.getpid())}
 
 
-def why_orphaned(parent: int, launcher: tuple[int, float] | None) -> str | None:
-    """None while the parent and the launcher live; else which of them is gone."""
-    if os.getppid() != parent:
-        return f"its parent (torchrun, pid {parent}) is gone"
-    if launcher and not alive(*launcher):
-        return f"the launching process (pid {launcher[0]}) is gone"
-    return None
-
-
 def watch(parent: int, launcher: tuple[int, float] | None, period: float) -> None:
-    """The watchdog's loop: end this rank with one line once it is orphaned."""
-    while (why := why_orphaned(parent, launcher)) is None:
+    """The watchdog's loop: end this rank with one line once its parent or the launcher is gone."""
+    while os.getppid() == parent and not (launcher and not alive(*launcher)):
         time.sleep(period)
+    why = f"its parent (torchrun, pid {parent}) is gone" if os.getppid() != parent else \
+        f"the launching process (pid {launcher[0]}) is gone"
     print(f"rank {os.environ.get('RANK', '?')}: stopping: {why}; no rank may train on alone", file=sys.stderr,
           flush=True)
     os._exit(1)  # from a thread: sys.exit would end only the watchdog

@@ -24,14 +24,7 @@ class FolderInUse(UsageError):
     """Another job holds the output folder's lock, found before any rank starts; the message is one line naming it."""
 
 
-def me(job: str = "", node: int = 0) -> dict[str, Any]:
-    """What the lock file holds: host, process and its start time, job and node."""
-    pid, started = lifeline.identity(os.getpid()).split(":")
-    return {"host": socket.gethostname(), "pid": int(pid), "started": float(started), "job": job, "node": node}
-
-
 def lock_path(output_dir: Path, node: int) -> Path:
-    """Node `node`'s lock file in `output_dir`."""
     return output_dir / (f"{LOCK}.node{node}" if node else LOCK)
 
 
@@ -49,7 +42,6 @@ def owner_of(path: Path) -> dict[str, Any] | None:
 
 
 def stale(owner: dict[str, Any]) -> bool:
-    """The holder ran on this host and is no longer running."""
     return owner["host"] == socket.gethostname() and not lifeline.alive(owner["pid"], owner["started"])
 
 
@@ -68,7 +60,9 @@ def place(path: Path, text: str) -> bool:
 
 def take(output_dir: Path, job: str = "", node: int = 0) -> dict[str, Any]:
     """Take node `node`'s lock of `output_dir` (an existing folder) for `job`; FolderInUse naming another job."""
-    path, mine = lock_path(output_dir, node), me(job, node)
+    pid, started = lifeline.identity(os.getpid()).split(":")  # what the lock file holds: this process, job, node
+    mine = {"host": socket.gethostname(), "pid": int(pid), "started": float(started), "job": job, "node": node}
+    path = lock_path(output_dir, node)
     fd = os.open(output_dir, os.O_RDONLY)
     try:
         with suppress(OSError):  # some network filesystems refuse flock; `place` alone still admits one job
@@ -80,24 +74,14 @@ def take(output_dir: Path, job: str = "", node: int = 0) -> dict[str, Any]:
             path.unlink()
         if not place(path, json.dumps(mine)):
             raise in_use(output_dir, owner_of(path))
-        other = other_job(output_dir, mine)
-        if other:
-            path.unlink()
-            raise in_use(output_dir, other)
+        for other in sorted(output_dir.glob(f"{LOCK}*")):  # another node's live lock naming another job
+            owner = None if other.suffix == ".tmp" or other == path else owner_of(other)
+            if owner and owner["job"] != mine["job"] and not stale(owner):
+                path.unlink()
+                raise in_use(output_dir, owner)
     finally:
         os.close(fd)  # also releases the flock
     return mine
-
-
-def other_job(output_dir: Path, mine: dict[str, Any]) -> dict[str, Any] | None:
-    """The holder of another node's live lock in `output_dir` that names another job, or None."""
-    for path in sorted(output_dir.glob(f"{LOCK}*")):
-        if path.suffix == ".tmp" or path == lock_path(output_dir, mine["node"]):
-            continue
-        owner = owner_of(path)
-        if owner and owner["job"] != mine["job"] and not stale(owner):
-            return owner
-    return None
 
 
 def in_use(output_dir: Path, owner: dict[str, Any] | None) -> FolderInUse:
