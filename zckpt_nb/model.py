@@ -45,12 +45,14 @@ PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
+    """Return the preset called `name`, or raise a ValueError that lists the known ones."""
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
 
 
 def gpt2_config(name: str) -> Any:
+    """Build the `transformers.GPT2Config` for preset `name`."""
     from transformers import GPT2Config
 
     p = get_preset(name)

@@ -40,6 +40,7 @@ class Layout:
     nested_group: bool  # param_groups.0.* (nested) or param_groups.<fqn>.* (flattened)
 
     def weight(self, name: str) -> str:
+        """The key of parameter `name`'s weights."""
         return f"{self.model}{name}"
 
     def state(self, name: str, kind: str) -> str:

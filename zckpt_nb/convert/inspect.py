@@ -44,6 +44,7 @@ class CheckpointInfo(Record):
 
 
 def excludes_frozen(states: dict[str, Any]) -> bool:
+    """Saved with `exclude_frozen_parameters=True` (its `frozen_param_shapes` is None)."""
     return "frozen_param_shapes" in states and states["frozen_param_shapes"] is None
 
 

@@ -22,6 +22,7 @@ PEFT_PREFIX = "base_model.model."  # what a PeftModel puts before the wrapped mo
 
 
 def is_peft(names: Iterable[str]) -> bool:
+    """Are these a PeftModel's parameter names?"""
     return any(name.startswith(PEFT_PREFIX) for name in names)
 
 

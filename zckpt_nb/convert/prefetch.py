@@ -23,6 +23,7 @@ class Prefetch:
         self.ahead = self.start_next()
 
     def start_next(self) -> tuple[Any, Future[Any]] | None:
+        """Start reading the next key, if there is one."""
         key = next(self.keys, END)
         return None if key is END else (key, self.pool.submit(self.read, key))
 
@@ -35,5 +36,6 @@ class Prefetch:
         return value
 
     def close(self) -> None:
+        """Wait for the read in flight, drop it and stop the thread."""
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.ahead = None

@@ -29,11 +29,13 @@ class MappedFiles:
         self.paths, self.budget, self.used, self.loaded = paths, budget, 0, {}
 
     def get(self, index: int) -> Any:
+        """File `index`, unpickled weights-only with its tensors memory-mapped."""
         if index not in self.loaded:
             self.loaded[index] = load(self.paths[index], mmap=True)
         return self.loaded[index]
 
     def spent(self, nbytes: int) -> None:
+        """Count `nbytes` read through the mappings; unmap them all once the budget is reached."""
         self.used += nbytes
         if self.used >= self.budget:
             self.loaded, self.used = {}, 0
@@ -138,6 +140,7 @@ class ShardReader:
         return tensor
 
     def drop(self) -> None:
+        """Unmap every file now."""
         self.models.loaded = {}
         if self.optims is not None:
             self.optims.loaded = {}

@@ -79,10 +79,12 @@ def latest_name(ckpt_dir: str | Path) -> str | None:
 
 
 def universal_dir(ckpt_dir: str | Path, tag: str) -> Path:
+    """Where the universal copy of `tag` lives."""
     return Path(ckpt_dir) / UNIVERSAL / tag
 
 
 def node_rank() -> int:
+    """This rank's node (torchrun's GROUP_RANK)."""
     return int(os.environ.get("GROUP_RANK", 0))
 
 

@@ -73,6 +73,7 @@ class Manifest:
         return [] if self.node is None else [e for e in self.files if e.node is not None and e.node != self.node]
 
     def total_bytes(self) -> int:
+        """Bytes of every file listed."""
         return sum(e.bytes for e in self.files)
 
 
@@ -137,6 +138,7 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks (hashlib does the work)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 

@@ -200,6 +200,7 @@ class RunRecord(Record):
     wall_seconds: float = 0.0
 
     def write(self, folder: str | Path) -> None:
+        """Write `folder/run.json` atomically: never half a file."""
         atomic_write(Path(folder) / RUN_JSON, json.dumps(self.to_dict(), indent=1))
 
     @classmethod

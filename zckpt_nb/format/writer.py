@@ -188,6 +188,7 @@ class Written:
     hash_seconds: float = 0.0
 
     def fail(self, err: BaseException, path: str | Path, doing: str = "writing") -> None:
+        """Keep the first error, as one line naming this rank, what failed and where."""
         if self.error is None:
             self.error = describe_error(err, path, self.rank, doing)
 

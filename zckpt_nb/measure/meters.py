@@ -178,6 +178,7 @@ def measure(mode: str, save: Callable[[], Any], *, written: Callable[[], Iterabl
 
 
 def files_under(root: str | Path) -> list[Path]:
+    """Every file below `root` (what a route wrote into its own folder)."""
     return sorted(p for p in Path(root).rglob("*") if p.is_file())
 
 

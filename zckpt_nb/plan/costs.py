@@ -66,9 +66,11 @@ class SaveCost:
 
     @property
     def comm_bytes(self) -> int:
+        """Collective bytes DeepSpeed logs on each rank, every op together."""
         return sum(self.ops.values())
 
     def extra_peak_bytes(self, rank: int = 0) -> int:
+        """The extra peak memory on `rank` (every term, host and device)."""
         return sum(m.rank0_bytes if rank == 0 else m.other_bytes for m in self.memory)
 
 
@@ -97,6 +99,7 @@ class Prediction(Record):
 
 
 def nonzero(ops: dict[str, int]) -> dict[str, int]:
+    """A route's collectives without the ops it does not run."""
     return {op: v for op, v in ops.items() if v}
 
 

@@ -46,6 +46,7 @@ class Loss:
 
     @property
     def total(self) -> float:
+        """Every cause together."""
         return self.saves + self.rework + self.restart
 
 

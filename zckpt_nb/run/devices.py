@@ -18,6 +18,7 @@ class Placement:
     note: str
 
     def env(self) -> dict[str, str]:
+        """The ranks' environment for this placement: DS_ACCELERATOR=cpu for CPU ranks."""
         return {"DS_ACCELERATOR": "cpu"} if self.accelerator == "cpu" else {}
 
 

@@ -47,6 +47,7 @@ class RunResult(RunRecord):
 
     @classmethod
     def from_dir(cls, output_dir: Path, log: list[str], seconds: float) -> RunResult:
+        """Read `output_dir/run.json`, written by rank 0."""
         return cls(**vars(RunRecord.read(output_dir)), output_dir=output_dir, log=log, launch_seconds=seconds)
 
 
@@ -168,6 +169,7 @@ class Progress:
 
 
 def tails(per_rank: dict[str, deque]) -> str:
+    """The last lines of every rank, for an error message."""
     return "\n".join(f"--- last lines of {who} ---\n" + "\n".join(lines) for who, lines in sorted(per_rank.items()))
 
 

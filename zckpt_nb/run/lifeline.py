@@ -42,6 +42,7 @@ def alive(pid: int, started: float) -> bool:
 
 
 def launcher_env() -> dict[str, str]:
+    """What `launch` adds to the ranks' environment: the identity of the calling process."""
     return {LAUNCHER_ENV: identity(os.getpid())}
 
 

@@ -25,6 +25,7 @@ class FolderInUse(UsageError):
 
 
 def lock_path(output_dir: Path, node: int) -> Path:
+    """Node `node`'s lock file in `output_dir`."""
     return output_dir / (f"{LOCK}.node{node}" if node else LOCK)
 
 
@@ -42,6 +43,7 @@ def owner_of(path: Path) -> dict[str, Any] | None:
 
 
 def stale(owner: dict[str, Any]) -> bool:
+    """The holder ran on this host and is no longer running."""
     return owner["host"] == socket.gethostname() and not lifeline.alive(owner["pid"], owner["started"])
 
 

@@ -15,6 +15,7 @@ class Nodes:
     master_port: int = 0  # 0: any free port (one node only: the other nodes could not know it)
 
     def problem(self) -> str | None:
+        """One line saying what is wrong with these flags, or None."""
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             return (f"--nnodes must be >= 1 and --node_rank in 0..{self.nnodes - 1} "
                     f"(got {self.nnodes}, {self.node_rank})")

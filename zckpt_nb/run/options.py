@@ -14,6 +14,7 @@ from zckpt_nb.model import PRESETS
 
 
 def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field with its command-line help (and choices)."""
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
@@ -78,6 +79,7 @@ class TrainOptions(Record):
 
     @classmethod
     def parse(cls, argv: list[str] | None = None) -> TrainOptions:
+        """The worker's command line, as options."""
         return cls.from_namespace(cls.add_arguments(argparse.ArgumentParser(prog="zckpt_nb.train")).parse_args(argv))
 
     @classmethod

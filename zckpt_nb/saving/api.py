@@ -87,6 +87,7 @@ class Checkpointer:
         return replace(self.saved(step, tag, state), pending_micro_batches=pending)
 
     def saved(self, step: int, tag: str, state: dict[str, Any]) -> SaveOutcome:
+        """The save itself, in this checkpointer's mode."""
         start = time.perf_counter()
         if self.mode in ROUTE_SAVES:
             ROUTE_SAVES[self.mode](self.engine, self.output_dir)
@@ -109,6 +110,7 @@ class Checkpointer:
         return self.saver.poll() if self.saver else None
 
     def finish(self) -> SaveOutcome | None:
+        """Wait for the asynchronous save in flight, if any; its outcome."""
         return self.saver.finish() if self.saver else None
 
     def preparation(self, tag: str) -> Any:

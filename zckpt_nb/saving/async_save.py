@@ -80,6 +80,7 @@ class AsyncSaver:
         return self.finish()
 
     def finish(self) -> SaveOutcome | None:
+        """Wait for the save in flight (if any) to be committed or failed; its outcome."""
         if self.flight is None:
             return None
         flight, self.flight = self.flight, None

@@ -57,6 +57,7 @@ def space_problem(reports: list[dict[str, Any]], save_dir: Path) -> str | None:
 
 
 def first_errors(reports: list[dict[str, Any]]) -> str | None:
+    """Every rank's error line joined into one line, or None when all succeeded."""
     lines = [r["error"] for r in reports if r["error"]]
     return "; ".join(lines) if lines else None
 

@@ -133,6 +133,7 @@ class ZckptEngine(CheckpointEngine):
             self.waits.append(time.perf_counter() - start)
 
     def take_waits(self) -> list[float]:
+        """Seconds of the commits and cleanups since the last call."""
         waits, self.waits = self.waits, []
         return waits
 

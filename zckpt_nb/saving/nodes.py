@@ -23,6 +23,7 @@ PROBE = ".zckpt_probe.node{}"
 
 
 def read_probe(path: Path) -> str | None:
+    """A probe file's token, or None when this rank cannot see it."""
     try:
         return path.read_text()
     except OSError:

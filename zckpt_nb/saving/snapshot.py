@@ -75,5 +75,6 @@ def pins(state: Any) -> bool:
 
 
 def storage_bytes(state: Any) -> int:
+    """Host bytes held by the tensors of `state`, each storage counted once."""
     seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors_in(state)}
     return sum(seen.values())
