@@ -18,12 +18,14 @@ import shutil
 import signal
 import subprocess
 import time
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from zckpt_nb.format.layout import tag_step
@@ -32,6 +34,7 @@ from zckpt_nb.saving.engine import SNAPSHOT, Files, ZckptEngine
 KILL_POINTS = ("shards", "before_commit", "latest", "background")
 POINTS = (*KILL_POINTS, "stall", "fill")
 FILL_LIMIT = 2**30  # refuse to fill a filesystem with more free space than this: only small test mounts
+PATIENCE = 60  # seconds KilledMidSave's victim waits at most for the other ranks before its kill
 
 
 def parse(spec: str) -> tuple[str, int, int, float]:
@@ -173,18 +176,33 @@ class FullOnRank(TorchCheckpointEngine):
 
 class KilledMidSave(TorchCheckpointEngine):
     """DeepSpeed's default writer (one torch.save per file); in the save whose path holds `/{tag}/`, rank `victim`
-    writes its first file, waits 2 s (the other ranks finish theirs), then kills itself: kill -9, no Python cleanup."""
+    writes its first file, waits until the other ranks have finished theirs (and, with `until_latest`, until rank 0
+    has moved `latest` to the tag), at most PATIENCE s, then kills itself: kill -9, no Python cleanup."""
 
-    def __init__(self, serialization: bool, rank: int, victim: int, tag: str) -> None:
+    def __init__(self, serialization: bool, rank: int, victim: int, tag: str, until_latest: bool) -> None:
         super().__init__()
         self.zipfile_serialization = serialization  # as DeepSpeed's own engine has it
-        self.rank, self.victim, self.tag = rank, victim, tag
+        self.rank, self.victim, self.tag, self.until_latest = rank, victim, tag, until_latest
 
     def save(self, state_dict: Any, path: str) -> None:
         super().save(state_dict, path)
         if self.rank == self.victim and f"/{self.tag}/" in path:
-            time.sleep(2)
+            deadline = time.monotonic() + PATIENCE  # polled, not a fixed sleep: a busy machine slows the others
+            while not self.others_done(Path(path).parent) and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def others_done(self, folder: Path) -> bool:
+        """Whether every other rank's two files in `folder` are whole (a zip's directory, which torch.save writes
+        last, is there) and, with `until_latest`, `latest` beside `folder` names the tag."""
+        others = [r for r in range(dist.get_world_size()) if r != self.victim]
+        whole = all(any(zipfile.is_zipfile(p) for p in folder.glob(f"*zero_pp_rank_{r}_mp_rank_*_{kind}.pt"))
+                    for r in others for kind in ("model_states", "optim_states"))
+        try:
+            latest = (folder.parent / "latest").read_text().strip()
+        except OSError:
+            latest = None
+        return whole and (latest == self.tag or not self.until_latest)
 
 
 class KeepErrors(TorchCheckpointEngine):
