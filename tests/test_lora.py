@@ -147,14 +147,16 @@ def test_plain_weights_under_other_names_are_refused_naming_them():
 def test_an_adapter_export_of_a_run_that_also_trained_base_weights_is_refused(tmp_path):
     """The optimizer held lm_head.weight (unfrozen by hand): the adapter would lose it, so only --merge may export."""
     from deepspeed.utils.zero_to_fp32 import GatheredTensor
-    from peft import LoraConfig
-    from transformers import AutoConfig
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from zckpt_nb.convert.peft_export import peft_model, write_adapter
+    from zckpt_nb.convert.peft_export import write_adapter
 
     config = AutoConfig.for_model("llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    model = peft_model(config, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    with torch.device("meta"):  # as the export builds it: names and shapes, no weights
+        model = get_peft_model(AutoModelForCausalLM.from_config(config),
+                               LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
     trained = {n for n, p in model.named_parameters() if p.requires_grad} | {f"{PREFIX}lm_head.weight"}
 
     def lazy(name, shape):  # what DeepSpeed's lazy state dict gives: trained weights in its fp32 groups, one rank
