@@ -161,7 +161,7 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 03 checked bf16, the frozen saves and the three warm-start loads, on the files it wrote."""
     get = {**parameter_defaults(BY_PREFIX["03"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == 32, held
+    assert len(held) == 34, held
     assert any(f"got {get['LOAD_TAG']}'s weights exactly" in line for line in held)
     assert any("the script line wrote what the function wrote" in line for line in held)  # zero_to_fp32.py, run
     assert any("after it: on every rank every master is a bf16 value" in line for line in held)
@@ -178,6 +178,8 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert [counters["tags"][t]["global_steps"] for t in ("older", "newer")] == [get["STEPS"], 2 * get["STEPS"]]
     assert all(load["the whole checkpoint"]["counters"] == counters["tags"][tag] for load in loads)  # the default
     assert all(load["load_module_only=True"]["counters"] == counters["fresh"] for load in loads)
+    both = [load["load_module_only=True, load_optimizer_states=False"] for load in loads]  # latest's weights, run
+    assert all(b["diff_newer"] == 0 and b["moment"] == 0 and b["counters"] == counters["fresh"] for b in both)
     assert any("the default load: on every rank the step counter and the scheduler are back" in line for line in held)
     started = [load["zero_to_fp32 + from_pretrained"] for load in loads]  # the warm start that works
     assert all(s[f"diff_{tag}"] == 0 and s["moment"] == 0 for s in started)
