@@ -49,7 +49,7 @@ from zckpt_nb.run.options import TrainOptions
 from zckpt_nb.saving.api import Checkpointer
 from zckpt_nb.saving.collective import gather, timeout_seconds
 from zckpt_nb.saving.engine import ZckptEngine, install, launcher_env, writer_section
-from zckpt_nb.saving.log import SaveLog, ending_problem
+from zckpt_nb.saving.log import SaveLog
 from zckpt_nb.saving.nodes import check_layout, drop_partial
 from zckpt_nb.saving.resume import load_verified, resume_source
 
@@ -373,7 +373,10 @@ def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> 
         rank, **peak_memory(worker.device), save_seconds=log.save_seconds, saves=log.saves,
         step_starts=log.step_starts, loop_seconds=log.loop_seconds,
         files=rank_files(opts.output_dir, tag, rank, committed=True) if tag else [], held=worker.held))
-    run_json_error = None
+    problems = []
+    if log.saves and len(log.failed) == len(log.saves):  # a full or read-only disk to the end
+        problems.append(f"all {len(log.saves)} saves failed, so this run committed no checkpoint (the last: "
+                        f"{log.failed[-1].error}); free space or choose another --output_dir")
     if writes_folder(opts.node_local_storage):  # rank 0, or each node's local rank 0 with node-local storage
         out = Path(opts.output_dir)
         try:  # atomically: never half a file
@@ -382,12 +385,11 @@ def wrap_up(worker: Worker, log: SaveLog, history: History, start_step: int) -> 
         except OSError as e:  # the disk stayed full or read-only: reported in one line, not a traceback
             with suppress(OSError):
                 (out / "run.json.tmp").unlink(missing_ok=True)
-            run_json_error = describe_error(e, e.filename or out / "run.json", rank)
+            problems.append(f"run.json was not written ({describe_error(e, e.filename or out / 'run.json', rank)})")
     dist.barrier()
     dist.destroy_process_group()
-    problem = ending_problem(log.saves, log.failed, run_json_error)
-    if problem:
-        raise RunIncomplete(f"rank {rank}: {problem}")
+    if problems:
+        raise RunIncomplete(f"rank {rank}: {'; '.join(problems)}")
 
 
 def run_record(worker: Worker, log: SaveLog, history: History, start_step: int, tag: str | None,

@@ -93,15 +93,16 @@ class AsyncSaver:
         """The background thread: write the copies, agree and commit on the saver's own group, rotate."""
         GROUP.set(self.group)  # this thread's protocol collectives (in its own copy of the caller's context)
         try:
-            writer, files = install(self.engine), flight.files
+            writer, files, write_start = install(self.engine), flight.files, time.perf_counter()
             (self.process or writer).write_snapshots(files)
+            files.snapshots.clear()  # the memory goes back as soon as the files are on disk
             commit_start = time.perf_counter()
             node_local = bool(self.engine.use_node_local_storage())
             error = commit.agree_and_commit(writer, self.save_dir, flight.tag, flight.step, files, self.identity,
                                             node_local)
             end = time.perf_counter()
             flight.outcome = SaveOutcome(flight.tag, flight.step, error is None, error, end - flight.start,
-                                         files.timings(files.write_seconds, end - commit_start),
+                                         files.timings(commit_start - write_start, end - commit_start),
                                          estimated_bytes=flight.need, snapshot_bytes=files.snapshot_bytes,
                                          pinned_bytes=files.pinned_bytes, durable_at=end)
             if flight.outcome.committed and self.keep_last:

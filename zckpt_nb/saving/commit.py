@@ -82,9 +82,10 @@ def agreed_preflight(engine: Any, save_dir: Path, state: dict[str, Any], rank: i
 
 def run_save(engine: Any, files: Files, save_dir: Path, tag: str, state: dict[str, Any], start: float) -> None:
     """Step 2: DeepSpeed's save, its files captured into `files`, which keeps write errors; a lost peer raises."""
+    writer = install(engine)
+    writer.files = files  # until it returns, every file DeepSpeed saves goes to `files` as `files.how` says
     try:
-        with install(engine).capture(files):
-            engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
+        engine.save_checkpoint(str(save_dir), tag=tag, client_state=state, save_latest=False)
     except Exception as e:  # not a file write (those are kept): a collective, or rank 0's copy of the scripts
         if is_peer_failure(e):  # the agreement's collectives would fail or hang next
             after = f" after {time.perf_counter() - start:.0f} s"
@@ -98,6 +99,8 @@ def run_save(engine: Any, files: Files, save_dir: Path, tag: str, state: dict[st
             if epilogue is not None:
                 epilogue()
             dist.barrier()
+    finally:
+        writer.files = None
 
 
 def agree_and_commit(writer: ZckptEngine, save_dir: Path, tag: str, step: int, files: Files,

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ class Files(Written):
         super().__init__(rank)
         self.how, self.stage = how, stage
         self.snapshots: list[tuple[Path, Any]] = []
-        self.write_seconds = 0.0
         self.snapshot_bytes, self.pinned_bytes = 0, None
 
     def keep(self, state: Any, path: Path) -> None:
@@ -72,15 +70,6 @@ class ZckptEngine(CheckpointEngine):
         self.files: Files | None = None  # the save in progress; None: DeepSpeed's own way
         self.waits: list[float] = []  # seconds of each commit and cleanup
 
-    @contextmanager
-    def capture(self, files: Files) -> Iterator[Files]:
-        """Within the block, every file DeepSpeed saves goes to `files` as `files.how` says."""
-        self.files = files
-        try:
-            yield files
-        finally:
-            self.files = None
-
     def save(self, state_dict: Any, path: str) -> None:
         files = self.files
         if files is None:
@@ -101,15 +90,10 @@ class ZckptEngine(CheckpointEngine):
 
     def write_snapshots(self, files: Files) -> None:
         """The host copies of an asynchronous save to their files (the background thread); the first error is kept."""
-        start = time.perf_counter()
-        try:
-            for path, state in files.snapshots:
-                if files.error:
-                    break
-                self.write_file(state, path, files)
-        finally:
-            files.snapshots.clear()  # the memory goes back as soon as the files are on disk
-            files.write_seconds = time.perf_counter() - start
+        for path, state in files.snapshots:
+            if files.error:
+                break
+            self.write_file(state, path, files)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         try:

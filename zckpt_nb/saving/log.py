@@ -84,13 +84,3 @@ class SaveLog:
                   "'latest' names it; training continues", flush=True)
             self.rotation_errors.append(Failure(outcome.tag, outcome.step, outcome.rotation_error))
 
-
-def ending_problem(saves: list[SaveRecord], failed: list[Failure], run_json_error: str | None) -> str | None:
-    """One line when every save failed (a full or read-only disk to the end) or run.json could not be written."""
-    problems = []
-    if saves and len(failed) == len(saves):
-        problems.append(f"all {len(saves)} saves failed, so this run committed no checkpoint (the last: "
-                        f"{failed[-1].error}); free space or choose another --output_dir")
-    if run_json_error:
-        problems.append(f"run.json was not written ({run_json_error})")
-    return "; ".join(problems) or None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,6 @@ from zckpt_nb.saving.collective import gather
 from zckpt_nb.saving.rotation import delete_tag
 
 PROBE = ".zckpt_probe.node{}"
-
-
-def read_probe(path: Path) -> str | None:
-    """A probe file's token, or None when this rank cannot see it."""
-    try:
-        return path.read_text()
-    except OSError:
-        return None
 
 
 def layout_problem(reports: list[dict[str, Any]], output_dir: Path, node_local: bool) -> str | None:
@@ -64,7 +57,11 @@ def check_layout(output_dir: str | Path, node_local: bool) -> None:
         probe.write_text(mine)
     tokens = dict(pair for pair in gather((node_rank(), mine) if mine else None) if pair)
     stat = os.stat(output_dir)  # this rank's view: node, host, the folder's identity, which nodes' probes it sees
-    sees = [n for n, token in tokens.items() if read_probe(output_dir / PROBE.format(n)) == token]
+    sees = []
+    for node, token in tokens.items():
+        with suppress(OSError):  # a probe this rank cannot read: it does not see that node's folder
+            if (output_dir / PROBE.format(node)).read_text() == token:
+                sees.append(node)
     reports = gather({"node": node_rank(), "host": socket.gethostname(), "fs": f"{stat.st_dev}:{stat.st_ino}",
                       "sees": sees})
     dist.barrier()  # every rank has looked before any probe goes

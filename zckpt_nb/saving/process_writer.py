@@ -11,7 +11,6 @@ import os
 import queue
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +30,24 @@ def die_with_parent() -> None:
 
 
 def serve(jobs: Any, answers: Any, parent: int, zipfile: bool) -> None:
-    """The writer process: write each job's files until orphaned (its rank gone)."""
+    """The writer process, until orphaned (its rank gone): each job's files written in order up to the first error."""
+    import torch
+
     die_with_parent()
     skip_crc32()  # as in the training process: each file is hashed as it is written
     while os.getppid() == parent:
         try:
-            job = jobs.get(timeout=POLL_S)
+            rank, items = jobs.get(timeout=POLL_S)
         except queue.Empty:
             continue
-        answers.put(write_job(*job, zipfile=zipfile))
-
-
-def write_job(rank: int, items: list[tuple[str, Any, dict[int, dict]]], zipfile: bool) -> Written:
-    """Write `items` in order, stopping at the first error; what was written, with fsync and hash seconds."""
-    import torch
-
-    answer = Written(rank)
-    for path, state, attributes in items:
-        for i, tensor in enumerate(tensors_in(state)):
-            tensor.__dict__.update(attributes.get(i, {}))
-        if not write_hashed(answer, Path(path), state,
-                            lambda obj, out: torch.save(obj, out, _use_new_zipfile_serialization=zipfile)):
-            break
-    return answer
+        answer = Written(rank)
+        for path, state, attributes in items:
+            for i, tensor in enumerate(tensors_in(state)):
+                tensor.__dict__.update(attributes.get(i, {}))
+            if not write_hashed(answer, Path(path), state,
+                                lambda obj, out: torch.save(obj, out, _use_new_zipfile_serialization=zipfile)):
+                break
+        answers.put(answer)
 
 
 class ProcessWriter:
@@ -85,18 +79,14 @@ class ProcessWriter:
         # file records): they travel beside it, by the tensor's place in the state
         items = [(str(path), state, {i: t.__dict__ for i, t in enumerate(tensors_in(state)) if t.__dict__})
                  for path, state in files.snapshots]
-        start, answer = time.perf_counter(), None
-        try:
-            self.jobs.put((files.rank, items))
-            while answer is None:  # the process's answer; None if it died first
-                try:
-                    answer = self.answers.get(timeout=POLL_S)
-                except queue.Empty:
-                    if not self.process.is_alive():
-                        break
-        finally:
-            files.snapshots.clear()
-            files.write_seconds = time.perf_counter() - start
+        answer = None
+        self.jobs.put((files.rank, items))
+        while answer is None:  # the process's answer; None if it died first
+            try:
+                answer = self.answers.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    break
         if answer is None:
             files.fail(ChildProcessError(f"the writer process (pid {self.process.pid}) died with exit code "
                                          f"{self.process.exitcode}"), items[0][0] if items else "", "writing")
