@@ -594,10 +594,11 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
     get = {**parameter_defaults(BY_PREFIX["10"]), **parameters}.get
     switch, dtype, held = get("SWITCH_STEP"), lesson_dtype(get("DTYPE")), passed_checks(nb)
-    assert len(held) == 32, held
-    assert any(line.startswith("✓ the modification times are consistent with that order: every .distcp file no later "
-                               "than .metadata, and .metadata no later than zckpt_manifest.json")
-               for line in held)  # section 3's commit order, by mtime (equal ticks accepted)
+    assert len(held) == 33, held
+    assert any(line.startswith(f"✓ a crash inside commit, after dcp.save wrote .metadata, leaves no crash/"
+                               f"{tag_for(switch)}, no staging folder and no zckpt_manifest.json")
+               for line in held)  # section 3: to_dcp with commit raising, in the notebook's process
+    assert not (runs / "crash").exists()  # nothing of that output, not even the folder made for it
     assert any(line.startswith("✓ DeepSpeed's skipped_steps line raises KeyError on a model-states file without")
                for line in held)  # section 7: a key _load_checkpoint reads by subscript, shown missing
     assert any("LambdaLR (the preset's lr" in line and "gives DeepSpeed's learning rate, bit for bit" in line
@@ -631,6 +632,10 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     # Adam's moments zeroed on the way in: the first loss as the kept run's, bit for bit, every later one different
     assert [r["step"] for r in zeroed] == [r["step"] for r in kept] and zeroed[0]["loss"] == kept[0]["loss"]
     assert all(z["loss"] != k["loss"] for z, k in zip(zeroed[1:], kept[1:]))
+    kept_worst = max(abs(r["loss"] - losses[r["step"] - 1]) for r in kept)  # section 8: the zeroed run's gaps
+    assert min(abs(r["loss"] - losses[r["step"] - 1]) for r in zeroed[1:]) > 100 * kept_worst  # over 100 x the kept's
+    assert any(line.startswith(f"✓ from step {switch + 2} on, every gap of the zeroed run exceeds 100 x the kept run's "
+                               "largest") for line in held)
     assert back[0]["step"] == 2 * switch and back[0]["checkpoint"]["load_universal"]  # engine.load_checkpoint's
     assert sum(f"every loss within {tolerance:g} of the uninterrupted run's" in line for line in held) == 2
 
