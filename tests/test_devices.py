@@ -22,7 +22,7 @@ def test_gpu_ranks_never_exceed_the_gpus(gpus, requested):
     assert exact.accelerator == ("cuda" if requested <= gpus else "cpu")
     if requested > gpus:
         assert "DS_ACCELERATOR=cpu" in fit.note and "one GPU per rank" in fit.note
-        assert exact.env() == {"DS_ACCELERATOR": "cpu"}
+        assert worker_env(requested, exact)["DS_ACCELERATOR"] == "cpu"
 
 
 @pytest.mark.parametrize("accelerator, gpus", [("cpu", 0), ("cpu", 8), ("cuda", 0)])

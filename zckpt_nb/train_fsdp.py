@@ -47,15 +47,6 @@ class FsdpWorker:
     history: History = field(default_factory=History)
 
 
-def newest_dcp(output_dir: str | Path) -> str:
-    """The newest committed DCP checkpoint (a to-dcp folder or this worker's save) in `output_dir`."""
-    tags = [t for t in committed_tags(output_dir) if read_kind(Path(output_dir) / t) == DCP_KIND]
-    if not tags:
-        raise CheckpointError(f"no committed DCP checkpoint in {output_dir}; convert one with "
-                              "python -m zckpt_nb to-dcp CKPT_DIR OUTPUT_DIR/global_stepN")
-    return max(tags, key=tag_step)
-
-
 def build(opts: TrainOptions, rank: int, world: int, horizon: int) -> FsdpWorker:
     """The model sharded with fully_shard, AdamW and WarmupDecayLR as ds_config says."""
     import torch
@@ -170,10 +161,14 @@ def train(opts: TrainOptions) -> None:
     start = time.perf_counter()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    folder = Path(opts.output_dir) / newest_dcp(opts.output_dir) if opts.resume else None
-    saved = None
-    if folder:  # every file's size and SHA-256, nothing unlisted, before anything is read; then its train state
-        verify_folder(folder, DCP_KIND)
+    folder, saved = None, None
+    if opts.resume:  # the newest committed DCP checkpoint (a to-dcp folder or this worker's save), verified first
+        tags = [t for t in committed_tags(opts.output_dir) if read_kind(Path(opts.output_dir) / t) == DCP_KIND]
+        if not tags:
+            raise CheckpointError(f"no committed DCP checkpoint in {opts.output_dir}; convert one with "
+                                  "python -m zckpt_nb to-dcp CKPT_DIR OUTPUT_DIR/global_stepN")
+        folder = Path(opts.output_dir) / max(tags, key=tag_step)
+        verify_folder(folder, DCP_KIND)  # every file's size and SHA-256, nothing unlisted; then its train state
         saved = read_dcp(folder, {"train_state": dict.fromkeys(TRAIN_STATE, 0)})["train_state"]
     # the checkpoint's batch and LR horizon, as the ZeRO-3 worker keeps them
     batch = (saved["global_batch"] if saved else opts.global_batch) or get_preset(opts.model).global_batch

@@ -18,7 +18,7 @@ from zckpt_nb.convert.verify import unlisted, verify_tag
 from zckpt_nb.convert.zero_shards import ZERO_3
 from zckpt_nb.errors import CheckpointError
 from zckpt_nb.format.disk import read_json
-from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_name
+from zckpt_nb.format.layout import MANIFEST, RANK_FILE, is_plain_name, latest_name, tag_dirs
 from zckpt_nb.format.manifest import FileEntry, Manifest, commit, file_entry, shared_entries
 from zckpt_nb.format.units import counted
 
@@ -36,8 +36,7 @@ def locate(path: str | Path, tag: str | None) -> tuple[Path, str]:
         return path.parent, path.name  # e.g. Trainer's checkpoint-N/global_stepN
     tag = tag or latest_name(path)
     if tag is None:
-        tags = sorted(d.name for d in path.iterdir() if d.is_dir() and any(RANK_FILE.search(p.name)
-                                                                             for p in d.iterdir()))
+        tags = [d.name for d in tag_dirs(path)]
         if len(tags) != 1:
             raise CheckpointError(f"{path} has no 'latest' file; pass --tag (tag folders here: "
                                   f"{', '.join(tags) or 'none'})")

@@ -14,19 +14,6 @@ from zckpt_nb.format.manifest import Manifest, sha256_file
 CARD = "README.md"
 
 
-def loss_at(ckpt_dir: Path, step: int) -> tuple[float | None, str]:
-    """The loss of the step that ended at `step`, and its source: `run.json` or Trainer's `trainer_state.json`."""
-    run, trainer = read_log(ckpt_dir / "run.json"), read_log(ckpt_dir / "trainer_state.json")
-    if run:
-        losses = dict(zip(run.get("steps", []), run.get("losses", [])))
-        return losses.get(step - 1), "run.json"  # run.json counts steps from 0; the tag counts the steps done
-    if trainer:
-        logged = [e for e in trainer.get("log_history", []) if isinstance(e, dict) and "loss" in e]
-        at = [e["loss"] for e in logged if e.get("step") == step]
-        return (at[-1] if at else None), "trainer_state.json"
-    return None, "no training log beside the checkpoint"
-
-
 def read_log(path: Path) -> dict[str, Any]:
     """A training log beside the checkpoint (bounded, as any file read here), or nothing."""
     found = read_json(path) if path.is_file() else {}
@@ -38,8 +25,16 @@ def run_facts(ckpt_dir: Path, manifest: Manifest, config: Any, tensors: dict[str
     """What the card states, each looked up in the checkpoint, manifest, training log or exported objects."""
     import transformers
 
-    run, step, adopted = read_log(ckpt_dir / "run.json"), manifest.step, manifest.adopted
-    loss, loss_source = loss_at(ckpt_dir, step)
+    run, trainer = read_log(ckpt_dir / "run.json"), read_log(ckpt_dir / "trainer_state.json")
+    step, adopted = manifest.step, manifest.adopted
+    loss, loss_source = None, "no training log beside the checkpoint"  # the loss of the step that ended at `step`
+    if run:
+        losses = dict(zip(run.get("steps", []), run.get("losses", [])))
+        loss, loss_source = losses.get(step - 1), "run.json"  # run.json counts steps from 0, the tag the steps done
+    elif trainer:  # Trainer's log
+        logged = [e for e in trainer.get("log_history", []) if isinstance(e, dict) and "loss" in e]
+        at = [e["loss"] for e in logged if e.get("step") == step]
+        loss, loss_source = (at[-1] if at else None), "trainer_state.json"
     entries = None if tokenizer is None else len(tokenizer)
     return {
         "preset": None if adopted else (manifest.identity or {}).get("model", run.get("model")),

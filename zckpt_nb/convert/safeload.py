@@ -17,7 +17,7 @@ from typing import Any
 
 from zckpt_nb.convert.verify import verify_tag
 from zckpt_nb.errors import CheckpointError
-from zckpt_nb.format.manifest import Manifest, sha256_file
+from zckpt_nb.format.manifest import Manifest
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")  # torch's words for a type outside the allowlist
 _REASON = re.compile(r"WeightsUnpickler error:\s*([^\n]+)")  # its words for any other refusal
@@ -71,14 +71,3 @@ def check_files(ckpt_dir: str | Path, tag: str) -> Manifest:
     for entry in manifest.files:  # exactly the files just verified (verify_tag refuses any unlisted file)
         load(Path(ckpt_dir) / tag / entry.path, mmap=True)
     return manifest
-
-
-def check_script(ckpt_dir: str | Path) -> Path:
-    """The `zero_to_fp32.py` beside the checkpoint if it is DeepSpeed's installed copy; CheckpointError if not."""
-    import deepspeed.utils.zero_to_fp32 as own
-
-    script = Path(ckpt_dir) / "zero_to_fp32.py"
-    if not script.is_file() or sha256_file(script) != sha256_file(own.__file__):
-        raise CheckpointError(f"{script} is missing or differs from DeepSpeed's own {own.__file__}; refusing to run "
-                              "it: copy DeepSpeed's file over it")
-    return script

@@ -17,10 +17,6 @@ class Placement:
     accelerator: str  # "cuda" (one GPU per rank, NCCL) or "cpu" (CPU ranks, gloo)
     note: str
 
-    def env(self) -> dict[str, str]:
-        """The ranks' environment for this placement: DS_ACCELERATOR=cpu for CPU ranks."""
-        return {"DS_ACCELERATOR": "cpu"} if self.accelerator == "cpu" else {}
-
 
 def gpu_count() -> int:
     """CUDA GPUs visible to this process (0 on CPU-only machines or with DS_ACCELERATOR=cpu)."""
