@@ -196,12 +196,14 @@ def check_04(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     from safetensors.torch import load_file
 
     held = passed_checks(nb)
-    assert len(held) == 18, held  # section 5 prints by hand's peak, no check; section 3 checks adopt's manifest
+    assert len(held) == 18, held  # section 5 prints each peak, no check; the appendix checks adopt's manifest
     assert any("equal the working weights: every route holds the weights it should" in line for line in held)
     assert any("zero_to_fp32.py's files are the split printed above, tensor for tensor" in line for line in held)
     assert any("routes 1, 2, 3b, 3c and 4: the reloaded logits equal the engine's" in line for line in held)
     assert (runs / "run" / "route_1" / "config.json").exists() and (runs / "run" / "route_2" / "config.json").exists()
     assert sum("the ranks logged exactly the predicted collective bytes" in line for line in held) == 2
+    kept_whole = [int(m[1].replace(",", "")) for line in held if (m := re.search(r"W = ([\d,]+) elements kept", line))]
+    assert len(kept_whole) == 2 and all(w > 0 for w in kept_whole), held  # the formulas' W term is tested
     assert json.loads((runs / "run_flag_off.json").read_text()) == {"returned": False, "files": []}
     assert (runs / "run" / "config.json").exists() and (runs / "script" / "config.json").exists()
     dtype = {**parameter_defaults(BY_PREFIX["04"]), **parameters}["DTYPE"]
