@@ -252,7 +252,8 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 06 timed every save of every mode on every rank, in the dtype it resolved, after one save per mode
     kept apart; its tie table calls each pair of modes as the exact test on those timings does, at 5% over the number
     of pairs (Bonferroni); DeepSpeed's decoupled writer was timed in a launch of its own, waiting once per save in its
-    commit; no launch on N + 1 ranks (more ranks than cores would time the sharing of the cores)."""
+    commit, in turn with plain, both with CRC-32 on, and called against plain as the same test does at 5%; no launch
+    on N + 1 ranks (more ranks than cores would time the sharing of the cores)."""
     get = {**parameter_defaults(BY_PREFIX["06"]), **parameters}.get
     n, modes, dtype = get("NPROC"), get("SAVE_MODES"), lesson_dtype(get("DTYPE"))
     folder = probe_dir(runs, get("MODEL"), dtype, get("PERSISTENCE_THRESHOLD"), n)
@@ -264,21 +265,28 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sorted((r["mode"], r["repeat"], r["rank"]) for r in records) == sorted(
         (m, i, rank) for m in modes for i in range(get("REPEATS")) for rank in range(n))
     assert sorted((r["mode"], r["rank"]) for r in first) == sorted((m, rank) for m in modes for rank in range(n))
-    text = "\n".join(o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs)
+    text = "\n".join(o.get("data", {}).get("text/plain", "") or o.get("text", "") for c in nb.cells
+                     if c.cell_type == "code" for o in c.outputs)  # tables and printed lines
     pairs = list(itertools.combinations(modes, 2))
-    for a, b in pairs:
-        def slowest(mode: str) -> list[float]:
-            return [max(r["call_s"] + r["wait_s"] for r in records if (r["mode"], r["repeat"]) == (mode, i))
-                    for i in range(get("REPEATS"))]
-        xs, ys = slowest(a), slowest(b)
+
+    def slowest(rows: list[dict], mode: str) -> list[float]:
+        return [max(r["call_s"] + r["wait_s"] for r in rows if (r["mode"], r["repeat"]) == (mode, i))
+                for i in range(get("REPEATS"))]
+
+    def exact(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+        """The exact test's score (pairs xs wins), an even split's, and the share of splits as far from even."""
         wins = sum((x < y) + 0.5 * (x == y) for x in xs for y in ys)
         pooled, even = xs + ys, len(xs) * len(ys) / 2
         splits = list(itertools.combinations(range(len(pooled)), len(xs)))
         as_far = sum(abs(sum((pooled[i] < pooled[j]) + 0.5 * (pooled[i] == pooled[j]) for i in chosen
                              for j in range(len(pooled)) if j not in chosen) - even) >= abs(wins - even)
                      for chosen in splits)
-        called = as_far / len(splits) < 0.05 / len(pairs)
+        return wins, even, as_far / len(splits)
+
+    for a, b in pairs:
+        xs, ys = slowest(records, a), slowest(records, b)
+        wins, even, p = exact(xs, ys)
+        called = p < 0.05 / len(pairs)
         verdict = "tie" if not called else f"{a if wins > even else b} faster"
         assert re.search(rf"{a}\s+{b}\s+\S+\s+{wins:g} of {len(xs) * len(ys)}\s+\S+\s+{verdict}", text), \
             (a, b, wins, verdict)
@@ -297,11 +305,20 @@ def check_06(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     held = json.loads((folder / "held_rank0.json").read_text())  # the persistence threshold's tensors kept whole
     assert (held["persistent_tensors"] > 0) == (get("PERSISTENCE_THRESHOLD") > 0) and held["owned"] >= held[
         "elements"] / n
-    decoupled = read(folder / "deepspeed_decoupled", "timings")
-    side = min(get("REPEATS"), 3)  # section 5 is read side by side, with at most 3 repeats
+    decoupled = read(folder / "deepspeed_decoupled", "timings")  # section 5: decoupled and plain in turn, one launch
     assert sorted((r["mode"], r["repeat"], r["rank"]) for r in decoupled) == sorted(
-        ("decoupled", i, rank) for i in range(side) for rank in range(n))
-    assert all(r["durable_s"] is None and r["commits"] == 1 for r in decoupled)  # one wait in the writer's commit
+        (m, i, rank) for m in ("decoupled", "plain") for i in range(get("REPEATS")) for rank in range(n))
+    # one wait in the writer's commit per decoupled save, none after a plain one; neither fsyncs
+    assert all(r["durable_s"] is None and r["commits"] == (r["mode"] == "decoupled") for r in decoupled)
+    for mode in ("decoupled", "plain"):  # CRC-32 on for both: every zip record of their optimizer files carries one
+        crcs = [z.CRC for f in (folder / "deepspeed_decoupled" / mode).glob("global_step*/*optim_states.pt")
+                for z in zipfile.ZipFile(f).infolist()]
+        assert crcs and all(crcs), mode
+    wins, even, p = exact(slowest(decoupled, "decoupled"), slowest(decoupled, "plain"))
+    verdict = f"{'decoupled' if wins > even else 'plain'} faster" if p < 0.05 else "a tie"
+    assert re.search(rf"decoupled's stall the shorter in {wins:g} of {2 * even:g} pairs, chance .*: {verdict} at 5%",
+                     text), (wins, verdict)
+    side = min(get("REPEATS"), 3)  # the package's async saves beside async's by hand: at most 3 repeats
     packaged = read(folder, "packaged")  # zckpt_nb.save(mode="async"), after each async save by hand: side repeats
     timed = sorted((r["repeat"], r["rank"]) for r in packaged if r["repeat"] is not None)
     if "async" in modes:  # and its first save, kept apart; every one committed, the newest with its manifest

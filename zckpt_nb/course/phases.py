@@ -1,9 +1,9 @@
-"""Notebook 06's split of one save call into phases (its appendix prints this file): within the block, timed
+"""Notebook 06's split of one save call into phases (section 2 uses it): within the block, timed
 wrappers stand in for the two methods a save calls, DeepSpeed's `engine.save_checkpoint` (once) and its checkpoint
 engine's `save` (once per file), so the call divides into
 
 - preflight: from the block's start to DeepSpeed's call (`zckpt_nb.save`'s free-space check and its collective);
-- deepspeed: DeepSpeed's call less its files (state dicts, collectives, barriers, folders);
+- deepspeed: DeepSpeed's call minus files (state dicts, collectives, barriers, folders);
 - files: the writer's `save` of every file, each timed on its own;
 - after: from DeepSpeed's return to the block's end (`commit`'s agreement, manifest and `latest`; the package's
   `async` starting its thread).
