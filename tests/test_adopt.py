@@ -129,12 +129,21 @@ def test_an_exception_on_rank_0_while_preparing_ends_the_save_with_one_line_on_e
     assert "this tokenizer cannot be saved" in said[0]
 
 
+def trainer(out, *flags) -> None:
+    """Notebook 08's Trainer loop (its `%%writefile` cell) on 2 CPU ranks: a tiny Qwen2 in bf16, ZeRO-3 through
+    TrainingArguments (no train_batch_size), 4 steps and checkpoint-4; then its resume and control from it."""
+    from zckpt_nb.course.runs import run
+
+    script = notebook_script(out.parent, "trainer_loop.py")
+    run(f"torchrun --standalone --nproc_per_node 2 {script} {out} --steps 4 --save_steps 4 --dtype bf16 "
+        + " ".join(flags), timeout=300, echo=False)
+
+
 @pytest.fixture(scope="module")
 def trainer_run(tmp_path_factory):
     """Hugging Face Trainer with a ZeRO-3 config (no train_batch_size) on 2 CPU ranks: a tiny Qwen2 in bf16."""
     out = tmp_path_factory.mktemp("trainer") / "run"
-    launch_module("zckpt_nb.examples.trainer_loop", [str(out), "--steps", "4"], nproc=2, timeout=300,
-                  name="trainer", verbose=False, progress=False)
+    trainer(out)
     return out
 
 
@@ -181,8 +190,7 @@ def test_trainer_save_model_writes_weights_only_with_the_16bit_gather(trainer_ru
     without = saved_model(trainer_run, TAG)
     assert TAG in without["files"] and without["dtype"] is None  # a partitioned save, no whole weights
     gathered = tmp_path / "gathered"
-    launch_module("zckpt_nb.examples.trainer_loop", [str(gathered), "--steps", "4", "--gather_16bit"], nproc=2,
-                  timeout=300, name="trainer gathered", verbose=False, progress=False)
+    trainer(gathered, "--gather_16bit")
     with_gather = saved_model(gathered, TAG)
     assert "model.safetensors" in with_gather["files"] and TAG not in with_gather["files"]
     assert with_gather["dtype"] == "bfloat16" and with_gather["difference"] == 0.0  # the masters, rounded to bf16
@@ -212,13 +220,13 @@ def test_adopt_records_accelerates_files_beside_the_tag_hashed_never_unpickled(f
     assert not (partial / TAG / MANIFEST).exists()
 
 
-def accelerate_script(folder) -> Path:
-    """Notebook 08's accelerate loop (its `%%writefile` cell), written into `folder`."""
+def notebook_script(folder, name) -> Path:
+    """Notebook 08's script `name` (its `%%writefile` cell), written into `folder`."""
     notebook = Path(__file__).resolve().parents[1] / "notebooks" / "08_your_own_model.ipynb"
     cells = json.loads(notebook.read_text())["cells"]
     source = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("%%writefile")
-                  and "accelerate_loop.py" in "".join(c["source"]).splitlines()[0])
-    script = folder / "accelerate_loop.py"
+                  and "".join(c["source"]).splitlines()[0].endswith(f"/{name}"))
+    script = folder / name
     script.write_text(source.split("\n", 1)[1])
     return script
 
@@ -226,7 +234,7 @@ def accelerate_script(folder) -> Path:
 def test_a_real_accelerate_save_state_is_adopted_with_its_files_and_a_changed_byte_refused(tmp_path):
     from zckpt_nb.course.runs import run
 
-    out, script = tmp_path / "acc", accelerate_script(tmp_path)
+    out, script = tmp_path / "acc", notebook_script(tmp_path, "accelerate_loop.py")
     run(f"torchrun --standalone --nproc_per_node 2 {script} {out} --steps 2 --save_at 2", timeout=300, echo=False)
     written = {p.name for p in out.iterdir() if p.is_file()}
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= written, written

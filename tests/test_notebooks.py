@@ -436,7 +436,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == (47 if get("GATHER_16BIT") else 48), held
+    assert len(held) == (49 if get("GATHER_16BIT") else 50), held
     assert any(line.startswith("✓ a missing model-states file: adopt refuses, naming rank 1's model states; "
                                "DeepSpeed's reader returns every tensor") for line in held)
     lines = (runs / "raw.log").read_text()  # the own loop: trained, saved after STEPS, resumed in the same launch
@@ -455,6 +455,13 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         rf"rank (\d+): plain {what} step (\d+) loss (\S+) lr (\S+)", lines)} for what in ("trained", "resumed"))
     assert sorted(plain_resumed) == sorted(resumed)
     assert all(plain_trained[key] == got for key, got in plain_resumed.items())
+    plain_control = {(r, s): x for r, s, x in re.findall(r"rank (\d+): plain control step (\d+) loss (\S+)", lines)}
+    assert sorted(plain_control) == sorted(resumed)  # Plain's control: its save one step older, the same steps
+    assert not all(plain_trained[key][0] == loss for key, loss in plain_control.items())
+    assert any(line.startswith("✓ Plain's control fails the same test: resumed from its save one step older")
+               for line in held)
+    assert any(line.startswith("✓ in every folder the rank files outweigh everything else in it together")
+               for line in held)  # section 5's plot: the caption's ratios, checked above it
     assert sorted(p.name for p in (runs / "raw_plain" / tag).glob("*.pt")) == sorted(
         p.name for p in (runs / "raw" / tag).glob("*.pt"))  # the same two files per rank
     shapes = safe_load(next((runs / "raw" / tag).glob("*rank_0_*model_states.pt")))["param_shapes"]
