@@ -1,4 +1,4 @@
-"""Notebook 06's split of one save call into phases (section 2 uses it): within the block, timed
+"""Notebook 06's split of one save call into phases (its section 1 probe imports it): within the block, timed
 wrappers stand in for the two methods a save calls, DeepSpeed's `engine.save_checkpoint` (once) and its checkpoint
 engine's `save` (once per file), so the call divides into
 
