@@ -414,6 +414,7 @@ def check_07(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
         names = [p.name for p in (folder / tag_for(half)).glob("*.pt")]
         assert len(names) == 2 and all(f"rank_{k}_" in name for name in names)
         assert (folder / "latest").is_file() == (folder / "zero_to_fp32.py").is_file() == (k == 0)
+        assert (folder / "zero_to_torch.py").is_file() == (k == 0)  # _copy_recovery_script writes both scripts
         assert listing(folder) == listing(runs / f"noflag{k}")  # without the flag: the same files
         text = (runs / f"flag{k}.log").read_text()
         returned = re.search(rf"node {k} rank {k}: no tag= load_checkpoint returned (\S+)", text)[1]
