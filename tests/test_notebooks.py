@@ -223,7 +223,7 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     through a full disk; the files agree."""
     get = {**parameter_defaults(BY_PREFIX["05"]), **parameters}
     held = passed_checks(nb)
-    assert len(held) == 29, held  # 28, and KeepErrors on /dev/full (appendix)
+    assert len(held) == 33, held  # 32, and KeepErrors on /dev/full (appendix)
     step1 = runs / "first_job" / "mine" / "global_step1"
     mine = json.loads((step1 / "manifest.json").read_text())["files"]
     assert sorted(f["path"] for f in mine) == sorted(p.name for p in step1.iterdir() if p.name != "manifest.json")
@@ -238,6 +238,14 @@ def check_05(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
                for line in (runs / f"resume_rank{rank}.jsonl").read_text().splitlines()]
     assert any(r["rank"] == get["NPROC"] - 1 and r.get("deepspeed_resume", "").startswith("FileNotFoundError")
                for r in resumed)  # DeepSpeed's load_checkpoint followed `latest` first
+    exits = {r["rank"]: r["exited"] for r in resumed if "exited" in r}  # then every rank agreed, and stopped
+    assert sorted(exits) == list(range(get["NPROC"])) and len(set(exits.values())) == 1, exits
+    assert f"rank {get['NPROC'] - 1}: FileNotFoundError" in exits[0], exits
+    failed = [r for r in resumed if r.get("save") and not r["committed"]]  # the save the disk could not hold
+    assert sorted(r["rank"] for r in failed) == list(range(get["NPROC"])) and all(r["preflight"] for r in failed)
+    assert len({json.dumps(r["errors"]) for r in failed}) == 1, failed  # every rank's errors, alike on every rank
+    if any("neighbour_came" in r for r in resumed):  # the tmpfs (root): room for one rank's files, not all
+        assert any(e.split(": ", 1)[-1].startswith("ENOSPC") for e in failed[0]["errors"]), failed
     for killed, tags in (("manifest", ["global_step1"]), ("latest", ["global_step1", "global_step3"])):
         folder = runs / f"mine_killed_before_{killed}"  # the hand-written commit, killed -9 in its step 3
         assert (folder / "latest").read_text() == "global_step1"

@@ -214,8 +214,11 @@ class KeepErrors(TorchCheckpointEngine):
         super().__init__()
         self.zipfile_serialization, self.error = serialization, None
 
-    def keep(self, e: OSError, path: str) -> None:
-        self.error = self.error or f"{errno.errorcode.get(e.errno, '?')} ({e.strerror}) at {os.path.basename(path)}"
+    def keep(self, e: BaseException, path: str) -> None:
+        while not isinstance(e, OSError) and e.__context__ is not None:  # the OSError under what torch raised over it
+            e = e.__context__
+        what = f"{errno.errorcode.get(e.errno, '?')} ({e.strerror})" if isinstance(e, OSError) else repr(e)
+        self.error = self.error or f"{what} at {os.path.basename(path)}"
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         try:
@@ -227,7 +230,7 @@ class KeepErrors(TorchCheckpointEngine):
         try:
             with open(path, "wb") as f:  # a file object: a full disk raises OSError (ENOSPC)
                 torch.save(state_dict, f, _use_new_zipfile_serialization=self.zipfile_serialization)
-        except OSError as e:
+        except Exception as e:  # mid-write, torch's zip writer raises a RuntimeError over the ENOSPC as it closes
             self.keep(e, path)
 
 
