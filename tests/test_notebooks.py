@@ -133,8 +133,10 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert get["NPROC"] == 1 or any("rank 0 gave up inside save_checkpoint" in line for line in held)  # bounded
     assert get["NPROC"] == 1 or any("at least one rank timed out" in line for line in held)  # rank-0-only save
     assert any(f"engine.global_steps back to {get['RESUME_STEP']}," in line for line in held)  # DeepSpeed's own count
-    loaded = f"load_checkpoint loaded global_step{get['RESUME_STEP']}, the tag `latest` names"  # no --tag
-    assert any(loaded in line for line in held)
+    loaded = f"load_checkpoint loaded global_step{get['RESUME_STEP']}, not global_step{get['STEPS']}, the tag `latest`"
+    assert any(loaded in line for line in held)  # --tag names the middle tag; `latest` names the last
+    assert any(f"the LR differs from the uninterrupted run's from step {get['RESUME_STEP'] + 2}," in line
+               for line in held)  # exercise 2, run in the mistakes launch
     assert not (runs / "mistakes" / "latest").exists()
     printed = [re.search(r"step (\d+) loss ([\d.e+-]+) lr ([\d.e+-]+)", line) for name in ("minimal", "minimal_resumed")
                for line in (runs / f"{name}.log").read_text().splitlines()]
