@@ -45,7 +45,7 @@ MATRIX = [
     ("08", {"NPROC": 2, "DTYPE": "bf16", "STEPS": 3, "DROP_RANK": 0, "DROP_FILE": "model_states"}),
     ("09", {"CONFIGS": ["llama-3-8b", "gpt2-xl"], "SIZES": [8, 4096], "DTYPE": "fp32", "NODES": 1, "GPUS_PER_NODE": 3,
             "PERSISTENCE_THRESHOLD": 100_000, "PLAN_CONFIG": "gpt2-xl", "WRITE_GBPS": 20.0, "COPY_GBPS": 5.0,
-            "STEP_LATENCY_US": 8.0, "FILE_MS": 3.0, "FS_CAP_GBPS": 50.0}),
+            "FS_CAP_GBPS": 50.0}),
     ("10", {"SOURCE_NPROC": 3, "FSDP_NPROC": 1, "SWITCH_STEP": 4, "STEPS": 12, "DTYPE": "bf16"}),  # 3 ranks pad
 ]
 
@@ -616,7 +616,7 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert f"✓ engine.global_steps after the load is the tag's step, {get('LOOP_SAVE_EVERY')}" in text
     if get("WRITE_GBPS") and get("COPY_GBPS"):  # the rates given, not measured: the same figures here as there
         n = get("NODES") * get("GPUS_PER_NODE")
-        bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"), get("STEP_LATENCY_US"), get("FILE_MS"))
+        bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"))
         part = next(r for r in plan(get("PLAN_CONFIG"), n, bw, get("DTYPE"), get("PERSISTENCE_THRESHOLD"),
                                     fs_cap_gbps=get("FS_CAP_GBPS")) if r.route == "partitioned")
         mtbf = job_mtbf_seconds(get("GPU_INTERRUPTION_HOURS"), n)
