@@ -135,8 +135,6 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert any(f"engine.global_steps back to {get['RESUME_STEP']}," in line for line in held)  # DeepSpeed's own count
     loaded = f"load_checkpoint loaded global_step{get['RESUME_STEP']}, not global_step{get['STEPS']}, the tag `latest`"
     assert any(loaded in line for line in held)  # --tag names the middle tag; `latest` names the last
-    assert any(f"the LR differs from the uninterrupted run's from step {get['RESUME_STEP'] + 2}," in line
-               for line in held)  # exercise 2, run in the mistakes launch
     assert not (runs / "mistakes" / "latest").exists()
     printed = [re.search(r"step (\d+) loss ([\d.e+-]+) lr ([\d.e+-]+)", line) for name in ("minimal", "minimal_resumed")
                for line in (runs / f"{name}.log").read_text().splitlines()]
@@ -146,6 +144,7 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert sorted(full) == list(range(1, get["STEPS"] + 1))
     assert sorted(resumed) == list(range(get["RESUME_STEP"] + 1, get["STEPS"] + 1))
     assert all(full[s] == resumed[s] for s in resumed)  # CPU ranks: the resume repeats every loss bit for bit
+    exercise_2(runs, get, full)
     forget = min(3, get["STEPS"] - get["RESUME_STEP"])  # the steps mistake 2 trains before mistake 3's save
     forgot = [re.search(r"step (\d+) loss ([\d.e+-]+)", line)
               for line in (runs / "mistakes.log").read_text().splitlines()]
@@ -157,6 +156,36 @@ def check_02(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert float(next(filter(None, trap))[1]) > 2 * float(full[1])  # the bare zero.Init trap starts far above
     info = inspect_checkpoint(runs / "minimal", tag_for(get["STEPS"]))
     assert info.world_size == get["NPROC"] and info.num_params == predict("tiny", 1).num_params
+
+
+def exercise_2(runs: Path, get: dict, full_losses: dict) -> None:
+    """Notebook 02's exercise 2 answer (LOAD_SCHEDULER = False): its worker resumed with --no_scheduler runs step
+    RESUME_STEP + j at the uninterrupted run's LR of step j (j >= 2); LRs differ from RESUME_STEP + 2, losses from
+    RESUME_STEP + 3."""
+    from zckpt_nb.course import runs as course_runs
+
+    steps, resume, dtype = get["STEPS"], get["RESUME_STEP"], "fp32" if get["DTYPE"] == "auto" else get["DTYPE"]
+    job = course_runs.run(f"DS_ACCELERATOR=cpu torchrun --standalone --nproc_per_node {get['NPROC']} "
+                          f"{runs / 'zero3_worker.py'} {runs / 'no_scheduler'} --steps {steps} "
+                          f"--load {runs / 'minimal'} --tag global_step{resume} --model {get['MODEL']} --dtype {dtype} "
+                          f"--threshold {get['PERSISTENCE_THRESHOLD']} --no_scheduler",
+                          timeout=300, log=runs / "no_scheduler.log", echo=False)
+    assert any(line.endswith(f"engine.global_steps {resume}") for line in job.said("resumed from"))
+    lines = [re.search(r"step (\d+) loss ([\d.e+-]+) lr ([\d.e+-]+)", line)
+             for name in ("minimal", "no_scheduler") for line in (runs / f"{name}.log").read_text().splitlines()]
+    full_lr, loss, lr = {}, {}, {}
+    for m in filter(None, lines):
+        if int(m[1]) in full_lr:
+            loss[int(m[1])], lr[int(m[1])] = m[2], m[3]
+        else:
+            full_lr[int(m[1])] = m[3]
+    assert sorted(lr) == list(range(resume + 1, steps + 1))
+    assert lr[resume + 1] == full_lr[resume + 1]  # the param group's saved lr
+    assert all(lr[resume + j] == full_lr[j] for j in range(2, steps - resume + 1))  # index j - 2
+    if steps >= resume + 2:
+        assert lr[resume + 2] != full_lr[resume + 2] and loss[resume + 2] == full_losses[resume + 2]
+    if steps >= resume + 3:
+        assert loss[resume + 3] != full_losses[resume + 3]
 
 
 def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
