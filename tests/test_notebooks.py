@@ -673,10 +673,10 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
 
     get = {**parameter_defaults(BY_PREFIX["10"]), **parameters}.get
     switch, dtype, held = get("SWITCH_STEP"), lesson_dtype(get("DTYPE")), passed_checks(nb)
-    assert len(held) == 33, held
+    assert len(held) == 34, held
     assert any(line.startswith(f"✓ a crash inside commit, after dcp.save wrote .metadata, leaves no crash/"
                                f"{tag_for(switch)}, no staging folder and no zckpt_manifest.json")
-               for line in held)  # section 3: to_dcp with commit raising, in the notebook's process
+               for line in held)  # the appendix: to_dcp with commit raising, in the notebook's process
     assert not (runs / "crash").exists()  # nothing of that output, not even the folder made for it
     assert any(line.startswith("✓ DeepSpeed's skipped_steps line raises KeyError on a model-states file without")
                for line in held)  # section 7: a key _load_checkpoint reads by subscript, shown missing
@@ -702,7 +702,7 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert committed_tags(runs / "zero3") == [tag_for(s) for s in range(switch, get("STEPS") + 1, switch)]
     tolerance = {"fp32": 1e-4, "bf16": 0.05}[dtype]
     losses, lrs = {r["step"] - 1: r["loss"] for r in source}, {r["step"] - 1: r["lr"] for r in source}
-    kept, zeroed = ([r for r in fsdp[1:] if r["moments"] == m] for m in ("kept", "zeroed"))
+    kept, zeroed, fsdp_control = ([r for r in fsdp[1:] if r["run"] == m] for m in ("kept", "zeroed", "control"))
     assert fsdp[0]["resumed"] == fsdp[0]["adam step"] == switch
     for leg, first, end in ((kept, switch, 2 * switch), (back[1:], 2 * switch, get("STEPS"))):
         assert [r["step"] - 1 for r in leg] == list(range(first, end))
@@ -715,6 +715,11 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert min(abs(r["loss"] - losses[r["step"] - 1]) for r in zeroed[1:]) > 100 * kept_worst  # over 100 x the kept's
     assert any(line.startswith(f"✓ from step {switch + 2} on, every gap of the zeroed run exceeds 100 x the kept run's "
                                "largest") for line in held)
+    # the FSDP2 leg's control, in the same launch: to-dcp's folder with wte's halves swapped, the same steps
+    assert [(r["step"], r["lr"]) for r in fsdp_control] == [(r["step"], r["lr"]) for r in kept]
+    off = max(abs(r["loss"] - losses[r["step"] - 1]) for r in fsdp_control)
+    assert off > tolerance and any(line.startswith(f"✓ the FSDP2 leg's control fails the same test: with one tensor "
+                                                   f"garbled, a loss lies {off:.1e}") for line in held)
     assert back[0]["step"] == 2 * switch and back[0]["checkpoint"]["load_universal"]  # engine.load_checkpoint's
     assert sum(f"every loss within {tolerance:g} of the uninterrupted run's" in line for line in held) == 2
 
@@ -760,8 +765,8 @@ def check_10(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     # the control: the same switch back with wte's halves swapped
     assert [(r["step"], r["lr"]) for r in control[1:]] == [(r["step"], r["lr"]) for r in back[1:]]
     off = max(abs(r["loss"] - losses[r["step"] - 1]) for r in control[1:])
-    assert off > tolerance and any(line.startswith(f"✓ the control fails the same test: with one tensor garbled, "
-                                                   f"a loss lies {off:.1e}") for line in held)
+    assert off > tolerance and any(line.startswith(f"✓ the way back's control fails the same test: with one tensor "
+                                                   f"garbled, a loss lies {off:.1e}") for line in held)
 
 
 CHECKS = {"01": check_01, "02": check_02, "03": check_03, "04": check_04, "05": check_05, "06": check_06,
