@@ -485,7 +485,7 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == 55, held
+    assert len(held) == 56, held
     assert any(line.startswith("✓ use_cpu=True set up a multi-CPU PartialState on gloo; Trainer's Accelerator then ran "
                                "DeepSpeed ZeRO-3 (distributed_type DEEPSPEED: cpu did not reach it)")
                for line in held)  # use_cpu: not the Accelerator's
@@ -585,6 +585,13 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert [drawn["control"][s] for s in past] == [torch.rand(1, generator=generator).item() for _ in past]
     assert any(line.startswith("✓ the resumed run drew what the uninterrupted run drew at steps") for line in held)
     assert any(line.startswith("✓ the control's draws are the saved generator's after one int64") for line in held)
+    fed = {run: {int(s): h for s, h in json.loads(re.search(rf"{run} batches (.*)$", log, re.M)[1]).items()}
+           for run in ("uninterrupted", "control")}  # rank 0's SHA-256 of each step's input_ids
+    state = json.loads((runs / "trainer" / f"checkpoint-{steps + 2}" / "trainer_state.json").read_text())
+    per_epoch = round(1 / state["log_history"][0]["epoch"])  # step 1 logs epoch 1 / (steps per epoch)
+    start = steps // per_epoch * per_epoch  # the steps before the epoch the save falls in
+    assert [fed["control"][s] for s in past] == [fed["uninterrupted"][start + j] for j in (1, 2)]  # the epoch replayed
+    assert any(line.startswith("✓ the control trained the epoch's first batches again") for line in held)
     names = [p.name for p in (runs / "trainer" / f"checkpoint-{steps}" / tag).glob("*optim_states.pt")]
     assert len(names) == nproc and all(n.startswith("bf16_") == (lesson_dtype(get("DTYPE")) == "bf16") for n in names)
 
