@@ -645,7 +645,7 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert text.count("✓") >= len(get("CONFIGS")) + 3
     assert "✓ plan's write, read and network seconds are these bytes over rates" in text
     assert f"✓ all {get('SAVE_REPEATS')} timed saves were committed when their call returned" in text
-    assert f"call / predicted over {get('SAVE_REPEATS')} saves: median " in text  # each save over its probe (no bound)
+    assert f"files / predicted over {get('SAVE_REPEATS')} saves: median " in text  # each save's files over its probe
     assert "✓ every save of the loop committed, one tag per save" in text  # the loop ran on a one-rank engine
     assert "✓ the process group holds the timeout given to init_distributed" in text
     assert "✓ async loses less exactly when copy / write exceeds 1 / (1 - sqrt(C / 2M))^2" in text
