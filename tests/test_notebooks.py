@@ -655,6 +655,9 @@ def check_09(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert "; choose " in text.split("lost with this machine's ratio x ")[1].splitlines()[0]  # with the ratio's margin
     assert "✓ each tag's files are predict(\"tiny\", 1, " in text  # the cost model against the loop's real files
     assert f"✓ engine.global_steps after the load is the tag's step, {get('LOOP_SAVE_EVERY')}" in text
+    if get("LOOP_STEPS") > get("LOOP_SAVE_EVERY"):  # the loop's steps after the first tag, trained again from it
+        assert (f"✓ resumed from global_step{get('LOOP_SAVE_EVERY')}, steps {get('LOOP_SAVE_EVERY') + 1} to "
+                f"{get('LOOP_STEPS')}: every loss and learning rate equals the loop's, bit for bit") in text
     if get("WRITE_GBPS") and get("COPY_GBPS"):  # the rates given, not measured: the same figures here as there
         n = get("NODES") * get("GPUS_PER_NODE")
         bw = Bandwidths(get("WRITE_GBPS"), get("WRITE_GBPS"), get("NET_GBPS"))
