@@ -205,6 +205,9 @@ def check_03(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert all(m["bytes"] == 4 * predict("tiny", 1).num_params for t in trap for m in t["marks"]
                if m["what"] != "masters_read")  # the masters read: 4 bytes an element of every slice, padding too
     assert all(m["bytes"] >= 4 * predict("tiny", 1).num_params for t in trap for m in t["marks"])
+    default = [load["the whole checkpoint"] for load in loads]  # the files the engine opened: its own only
+    assert all([f for m in d["marks"] if m["what"] == "own_optimizer_file" for f in m["files"]]
+               == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"] for rank, d in enumerate(default))
     counters = json.loads((runs / "warm" / "counters.json").read_text())  # step counter and scheduler, per tag
     assert [counters["tags"][t]["global_steps"] for t in ("older", "newer")] == [get["STEPS"], 2 * get["STEPS"]]
     assert all(load["the whole checkpoint"]["counters"] == counters["tags"][tag] for load in loads)  # the default

@@ -2,7 +2,8 @@
 
 `install()` wraps four DeepSpeed functions (once per process; the first `watched` call runs it): zero_to_fp32's read
 of every rank's optimizer file, the whole fp32 state dict `get_fp32_state_dict_from_zero_checkpoint` joins from them,
-the parameters a `GatheredParameters` block gathers whole, and the engine's read of this rank's own optimizer file.
+the parameters a `GatheredParameters` block gathers whole, and the engine's read of its optimizer files (the paths its
+`checkpoint_engine.load` opens, recorded).
 `watched(call)` runs a call; during it, and only then, each wrapper notes its bytes. `largest_moment` reads Adam's
 moments after a load (0 in a fresh optimizer).
 """
@@ -13,14 +14,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-MARKS: list[dict[str, Any]] = []  # during a watched call: {"what", "bytes"} for each wrapped call
+MARKS: list[dict[str, Any]] = []  # during a watched call: {"what", "bytes"} for each wrapped call (+ "files")
 _WATCHING = [False]
 _INSTALLED = [False]
 
 
-def _mark(what: str, nbytes: int) -> None:
+def _mark(what: str, nbytes: int, **more: Any) -> None:
     if _WATCHING[0]:
-        MARKS.append({"what": what, "bytes": int(nbytes)})
+        MARKS.append({"what": what, "bytes": int(nbytes), **more})
 
 
 def install() -> None:
@@ -31,7 +32,6 @@ def install() -> None:
     _INSTALLED[0] = True
     import deepspeed
     import deepspeed.runtime.engine as engine_module
-    import torch.distributed as dist
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
     from deepspeed.utils import zero_to_fp32
@@ -50,9 +50,20 @@ def install() -> None:
         _mark("fp32_state_dict", sum({t.data_ptr(): t.nbytes for t in state.values()}.values()))  # tied: once
         return state
 
-    def own_file(self: Any, names: list[str]) -> Any:  # the default load: this rank's own optimizer file
-        state = read(self, names)
-        _mark("own_optimizer_file", os.path.getsize(names[dist.get_rank()]))
+    def own_file(self: Any, names: list[str]) -> Any:  # the default load: the optimizer files the engine opens
+        opened, engine_load = [], self.checkpoint_engine.load
+
+        def recording(path: str, *args: Any, **kwargs: Any) -> Any:  # the engine's file read, its path noted
+            opened.append(path)
+            return engine_load(path, *args, **kwargs)
+
+        self.checkpoint_engine.load = recording
+        try:
+            state = read(self, names)
+        finally:
+            self.checkpoint_engine.load = engine_load
+        _mark("own_optimizer_file", sum(os.path.getsize(path) for path in opened),
+              files=[os.path.basename(path) for path in opened])
         return state
 
     class Gathered(GatheredParameters):  # parameters gathered whole onto every rank
