@@ -483,12 +483,12 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     """Notebook 08's checks, recomputed from the files and logs its runs left: each rank's slice, the copy with a file
     dropped, every export against DeepSpeed's own fp32 reconstruction, Trainer's and accelerate's resumes."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save
 
     get = {**parameter_defaults(BY_PREFIX["08"]), **parameters}.get
     nproc, steps, tag, held = get("NPROC"), get("STEPS"), tag_for(get("STEPS")), passed_checks(nb)
     assert not markdown_outputs(nb)  # every finding is printed by code in a cell
-    assert len(held) == 56, held
+    assert len(held) == 57, held
     assert any(line.startswith("✓ use_cpu=True set up a multi-CPU PartialState on gloo; Trainer's Accelerator then ran "
                                "DeepSpeed ZeRO-3 (distributed_type DEEPSPEED: cpu did not reach it)")
                for line in held)  # use_cpu: not the Accelerator's
@@ -558,6 +558,13 @@ def check_08(nb: nbformat.NotebookNode, runs: Path, parameters: dict) -> None:
     assert any(line.startswith(f"✓ Trainer's final/ exported: {n} of {n} tensors") for line in held)
     assert any(line.startswith("✓ gather on: save_model wrote whole weights in " + ("bfloat16" if get("DTYPE") == "bf16"
                                                                                    else "float32")) for line in held)
+    masters = get_fp32_state_dict_from_zero_checkpoint(str(runs / "trainer" / f"checkpoint-{steps + 2}"),
+                                                       tag=tag_for(steps + 2))
+    dtype = torch.bfloat16 if get("DTYPE") == "bf16" else torch.float32  # "auto": fp32 on CPU ranks
+    assert save({k: v.to(dtype) for k, v in masters.items()}, metadata={"format": "pt"}) == (
+        runs / "trainer_resumed" / "final" / "model.safetensors").read_bytes()  # the gathered file: the masters, as is
+    assert any(line.startswith("✓ model.safetensors is, byte for byte, the uninterrupted run's masters in ")
+               for line in held)
     assert "✓ the resumed run fed the uninterrupted run's batches at every step after the save" in held
     assert "✓ frozen, fewer than N² elements: the join raises nothing and returns wrong values" in held
     n = exact(runs / "accelerate_hf", runs / "accelerate", "pytorch_model")
